@@ -1,0 +1,227 @@
+"""The slice of llama-cpp-python's low-level (ctypes) API we drive, behind small typed objects.
+
+Only the scheduler thread touches a `Context` or a `Batch`; a `Model`'s vocabulary is read-only
+after load, so tokenising from other threads is safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import secrets
+import threading
+from collections.abc import Sequence
+
+import llama_cpp as ll
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import EngineFailure
+from ..types import SamplingParams
+
+__all__ = ["Batch", "Context", "Model", "Sampler", "init_backend"]
+
+_log = logging.getLogger("airgate.llamacpp")
+_GGML_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
+_init_lock = threading.Lock()
+_initialised = False
+
+
+@ll.llama_log_callback  # type: ignore[untyped-decorator]
+def _on_native_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    # llama.cpp logs load-time facts (tensor counts, cache sizes), never token text.
+    if text:
+        _log.log(_GGML_LEVELS.get(level, logging.DEBUG), "%s", text.decode("utf-8", "replace").rstrip())
+
+
+def init_backend() -> None:
+    """Initialise llama.cpp once per process and route its logging through ours."""
+    global _initialised
+    with _init_lock:
+        if not _initialised:
+            ll.llama_log_set(_on_native_log, ctypes.c_void_p(0))
+            ll.llama_backend_init()
+            _initialised = True
+
+
+class Model:
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: str) -> None:
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 0
+        params.use_extra_bufts = False
+        ptr = ll.llama_model_load_from_file(path.encode(), params)
+        if not ptr:
+            raise EngineFailure("llama.cpp could not load the model file (see the log for why)")
+        self.ptr = ptr
+        self.vocab = ll.llama_model_get_vocab(ptr)
+        self.n_vocab: int = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train: int = ll.llama_model_n_ctx_train(ptr)
+        self._piece_buf = threading.local()
+
+    def close(self) -> None:
+        if self.ptr:
+            ll.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        out = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), out, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            out = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), out, cap, add_special, parse_special)
+        if n < 0:
+            raise EngineFailure("tokenisation failed")
+        return list(out[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens render as nothing)."""
+        buf = getattr(self._piece_buf, "buf", None)
+        if buf is None:
+            buf = self._piece_buf.buf = ctypes.create_string_buffer(256)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, 256, 0, False)
+        if n < 0:  # a piece longer than the buffer: retry with the exact size
+            big = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, big, -n, 0, False)
+            return big.raw[:n]
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+class Context:
+    """One llama.cpp context with `n_seq` independent sequences of `n_ctx_seq` tokens each."""
+
+    def __init__(
+        self, model: Model, *, n_seq: int, n_ctx_seq: int, n_batch: int, n_threads: int
+    ) -> None:
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_seq * n_ctx_seq
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.kv_unified = False  # every sequence owns exactly its share of the cache
+        params.no_perf = True
+        ptr = ll.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise EngineFailure("llama.cpp could not create a context (see the log for why)")
+        self.ptr = ptr
+        self.model = model
+        self.memory = ll.llama_get_memory(ptr)
+        self.n_ctx_seq: int = ll.llama_n_ctx_seq(ptr)
+        self.n_batch: int = ll.llama_n_batch(ptr)
+
+    def close(self) -> None:
+        if self.ptr:
+            ll.llama_free(self.ptr)
+            self.ptr = None
+
+    def decode(self, batch: Batch) -> int:
+        return int(ll.llama_decode(self.ptr, batch.raw))
+
+    def clear_seq(self, seq: int) -> None:
+        ll.llama_memory_seq_rm(self.memory, seq, -1, -1)
+
+    def logits(self, batch_index: int) -> npt.NDArray[np.float32]:
+        ptr = ll.llama_get_logits_ith(self.ptr, batch_index)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+
+class Batch:
+    """A reusable llama_batch with numpy views over its arrays (one sequence id per token)."""
+
+    def __init__(self, capacity: int, n_seq_max: int) -> None:
+        self.capacity = capacity
+        self.raw = ll.llama_batch_init(capacity, 0, n_seq_max)
+        self._token = np.ctypeslib.as_array(self.raw.token, shape=(capacity,))
+        self._pos = np.ctypeslib.as_array(self.raw.pos, shape=(capacity,))
+        self._logits = np.ctypeslib.as_array(self.raw.logits, shape=(capacity,))
+        np.ctypeslib.as_array(self.raw.n_seq_id, shape=(capacity,))[:] = 1
+        self._seq_id = self.raw.seq_id
+        self.n = 0
+
+    def close(self) -> None:
+        ll.llama_batch_free(self.raw)
+
+    def clear(self) -> None:
+        self.n = 0
+        self.raw.n_tokens = 0
+
+    def add(self, tokens: Sequence[int], start_pos: int, seq: int, logits: bool | Sequence[bool]) -> int:
+        """Append tokens of one sequence; returns the batch index of the first one."""
+        i, k = self.n, len(tokens)
+        self._token[i : i + k] = tokens
+        self._pos[i : i + k] = np.arange(start_pos, start_pos + k, dtype=np.int32)
+        self._logits[i : i + k] = logits if not isinstance(logits, bool) else int(logits)
+        for j in range(i, i + k):
+            self._seq_id[j][0] = seq
+        self.n += k
+        self.raw.n_tokens = self.n
+        return i
+
+    def set_last_logits(self) -> None:
+        self._logits[self.n - 1] = 1
+
+
+class Sampler:
+    """A per-request sampler chain in llama.cpp's usual order."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int, max_tokens: int) -> None:
+        chain_params = ll.llama_sampler_chain_default_params()
+        chain_params.no_perf = True
+        self.ptr = ll.llama_sampler_chain_init(chain_params)
+        add = lambda s: ll.llama_sampler_chain_add(self.ptr, s)  # noqa: E731
+        if params.logit_bias:
+            arr = (ll.llama_logit_bias * len(params.logit_bias))()
+            for j, (tok, bias) in enumerate(params.logit_bias):
+                arr[j].token = tok
+                arr[j].bias = bias
+            add(ll.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), arr))
+        if (
+            params.repetition_penalty != 1.0
+            or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0
+        ):
+            # Penalties see the generated tokens (OpenAI's "so far" semantics): the window covers
+            # the whole completion.
+            add(
+                ll.llama_sampler_init_penalties(
+                    n_vocab,
+                    max(1, max_tokens),
+                    params.repetition_penalty,
+                    params.frequency_penalty,
+                    params.presence_penalty,
+                )
+            )
+        if params.greedy:
+            add(ll.llama_sampler_init_greedy())
+            return
+        if params.top_k > 0:
+            add(ll.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            add(ll.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            add(ll.llama_sampler_init_min_p(params.min_p, 1))
+        add(ll.llama_sampler_init_temp(params.temperature))
+        seed = params.seed if params.seed is not None else secrets.randbits(32)
+        add(ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def sample(self, ctx: Context, batch_index: int) -> int:
+        return int(ll.llama_sampler_sample(self.ptr, ctx.ptr, batch_index))
+
+    def close(self) -> None:
+        if self.ptr:
+            ll.llama_sampler_free(self.ptr)
+            self.ptr = None

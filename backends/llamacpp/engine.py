@@ -1,0 +1,188 @@
+"""The llama.cpp engine: GGUF models on CPUs with continuous batching (see `_scheduler`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from ..chat_template import ChatTemplate
+from ..errors import ContextLengthExceeded, EngineNotReady, InvalidGenerationRequest
+from ..types import EngineLoad, GenerationDelta, GenerationRequest
+from ._native import Context, Model, init_backend
+from ._scheduler import Scheduler, Sequence
+
+__all__ = ["LlamaCppEngine", "LlamaCppOptions", "available_cores"]
+
+_log = logging.getLogger("airgate.llamacpp")
+
+
+def available_cores() -> int:
+    """Cores this process may run on (affinity and cgroup-aware enough for containers)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaCppOptions(msgspec.Struct, frozen=True, kw_only=True):
+    slots: int = 4
+    context_length: int = 4096  # tokens per slot (prompt + completion)
+    batch_size: int = 512  # tokens per decode step; bounds how long a prefill chunk stalls others
+    max_waiting: int = 64
+    n_threads: int | None = None  # None: every core available to the process
+    chat_template: str = "gemma"
+
+
+class _Handle:
+    __slots__ = ("_queue", "_scheduler", "_seq")
+
+    def __init__(self, scheduler: Scheduler, seq: Sequence) -> None:
+        self._scheduler = scheduler
+        self._seq = seq
+        self._queue = seq.out
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self._seq.prompt)
+
+    async def __aiter__(self) -> AsyncIterator[GenerationDelta]:
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finish_reason is not None:
+                return
+
+    def cancel(self) -> None:
+        if not self._seq.finished:
+            self._scheduler.cancel(self._seq)
+
+
+class LlamaCppEngine:
+    """llama.cpp in this process.  `model_path` may be `/proc/self/fd/N` (a sealed memfd)."""
+
+    name = "llama.cpp"
+
+    def __init__(self, model_path: str, options: LlamaCppOptions | None = None) -> None:
+        self._path = model_path
+        self.options = options or LlamaCppOptions()
+        self._template = ChatTemplate(self.options.chat_template)
+        self._model: Model | None = None
+        self._ctx: Context | None = None
+        self._scheduler: Scheduler | None = None
+        self.n_threads = self.options.n_threads or available_cores()
+
+    @property
+    def context_length(self) -> int:
+        return self._ctx.n_ctx_seq if self._ctx else self.options.context_length
+
+    async def start(self) -> None:
+        opts = self.options
+        await asyncio.to_thread(self._load)
+        assert self._ctx is not None
+        self._scheduler = Scheduler(
+            self._ctx, n_slots=opts.slots, max_waiting=opts.max_waiting, loop=asyncio.get_running_loop()
+        )
+        self._scheduler.start()
+        _log.info(
+            "llama.cpp engine ready: %d slots x %d tokens, batch %d, %d threads",
+            opts.slots, self._ctx.n_ctx_seq, self._ctx.n_batch, self.n_threads,
+        )
+
+    def _load(self) -> None:
+        init_backend()
+        opts = self.options
+        self._model = Model(self._path)
+        self._ctx = Context(
+            self._model,
+            n_seq=opts.slots,
+            n_ctx_seq=opts.context_length,
+            n_batch=opts.batch_size,
+            n_threads=self.n_threads,
+        )
+
+    async def stop(self) -> None:
+        if self._scheduler is not None:
+            await asyncio.to_thread(self._scheduler.stop)
+            self._scheduler = None
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+        if self._model is not None:
+            self._model.close()
+            self._model = None
+
+    def load(self) -> EngineLoad:
+        opts = self.options
+        if self._scheduler is None:
+            return EngineLoad(0, 0, opts.slots, opts.max_waiting, 0.0)
+        running, waiting = self._scheduler.counts()
+        total = opts.slots * self.context_length
+        return EngineLoad(running, waiting, opts.slots, opts.max_waiting, self._scheduler.kv_tokens / total)
+
+    def tokenize_prompt(self, request: GenerationRequest) -> tuple[list[int], str | None]:
+        """The request's prompt tokens (and its text, for echo).  Thread-safe."""
+        model = self._model
+        if model is None:
+            raise EngineNotReady("the engine is not started")
+        if request.messages is not None:
+            tokens: list[int] = []
+            for text, is_content in self._template.render(request.messages):
+                tokens += model.tokenize(text, add_special=False, parse_special=not is_content)
+            return tokens, None
+        if request.prompt_tokens is not None:
+            bad = [t for t in request.prompt_tokens if not 0 <= t < model.n_vocab]
+            if bad:
+                raise InvalidGenerationRequest(
+                    f"prompt token ids must be in [0, {model.n_vocab}); got {len(bad)} outside",
+                    param="prompt",
+                )
+            text = None
+            if request.echo_prompt:
+                text = b"".join(model.piece(t) for t in request.prompt_tokens).decode("utf-8", "replace")
+            return list(request.prompt_tokens), text
+        prompt = request.prompt or ""
+        return model.tokenize(prompt, add_special=True, parse_special=True), prompt
+
+    async def submit(self, request: GenerationRequest) -> _Handle:
+        scheduler = self._scheduler
+        if scheduler is None:
+            raise EngineNotReady("the engine is not started")
+        # Tokenising a long prompt takes milliseconds: keep it off the event loop.
+        if _prompt_size(request) > 2048:
+            tokens, prompt_text = await asyncio.to_thread(self.tokenize_prompt, request)
+        else:
+            tokens, prompt_text = self.tokenize_prompt(request)
+        if not tokens:
+            raise InvalidGenerationRequest("the prompt is empty", param="prompt")
+        n_ctx = self.context_length
+        max_tokens = request.max_tokens if request.max_tokens is not None else n_ctx - len(tokens)
+        if len(tokens) + max(max_tokens, 1) > n_ctx:
+            raise ContextLengthExceeded(
+                prompt_tokens=len(tokens), max_tokens=max(max_tokens, 1), context_length=n_ctx
+            )
+        seq = Sequence(
+            prompt=tokens,
+            max_tokens=max_tokens,
+            stop=request.stop,
+            params=request.sampling,
+            logprobs=request.logprobs,
+            echo_prompt=request.echo_prompt,
+            prompt_text=prompt_text,
+            out=asyncio.Queue(),
+        )
+        scheduler.submit(seq)
+        return _Handle(scheduler, seq)
+
+
+def _prompt_size(request: GenerationRequest) -> int:
+    if request.messages is not None:
+        return sum(len(m.content) for m in request.messages)
+    if request.prompt_tokens is not None:
+        return len(request.prompt_tokens)
+    return len(request.prompt or "")

@@ -1,0 +1,134 @@
+"""Engine-facing request and result types.
+
+The gateway translates OpenAI wire types into these once, at the edge; engines never see HTTP
+or wire types.  Everything here is a frozen msgspec Struct (cheap to build, safe to share across
+the engine thread).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Literal, Protocol
+
+import msgspec
+
+__all__ = [
+    "ChatMessage",
+    "Engine",
+    "EngineLoad",
+    "FinishReason",
+    "GenerationDelta",
+    "GenerationHandle",
+    "GenerationRequest",
+    "SamplingParams",
+    "TokenLogprob",
+    "Usage",
+]
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-request sampling.  Defaults disable every transform (plain softmax sampling)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    seed: int | None = None  # None: a fresh random seed per request
+    repetition_penalty: float = 1.0  # 1.0: off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class ChatMessage(msgspec.Struct, frozen=True):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+
+
+class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One sequence to generate.  Exactly one of `prompt`, `prompt_tokens`, `messages` is set.
+
+    `prompt` is raw text (special tokens in it are parsed, as the completions API expects);
+    `messages` is a conversation the engine formats with its chat template, where message
+    content can never produce control tokens.
+    """
+
+    request_id: str
+    prompt: str | None = None
+    prompt_tokens: tuple[int, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    max_tokens: int | None = None  # None: up to the end of the slot's context
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = SamplingParams()
+    logprobs: int | None = None  # None: off; N >= 0: chosen token plus N alternatives
+    echo_prompt: bool = False  # also return the prompt's text (and logprobs when asked)
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    token_id: int
+    text: bytes
+    logprob: float | None  # None for the first prompt token (nothing predicts it)
+    top: tuple[tuple[int, bytes, float], ...] = ()
+
+
+class Usage(msgspec.Struct, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class GenerationDelta(msgspec.Struct, frozen=True, kw_only=True):
+    """A step of output.  `text` is safe to send: complete UTF-8, never part of a stop string."""
+
+    text: str = ""
+    n_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None  # set on the final delta only
+    prompt_text: str | None = None  # set on the first delta when echo_prompt was asked
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
+
+
+class EngineLoad(msgspec.Struct, frozen=True):
+    running: int
+    waiting: int
+    capacity: int  # sequence slots that run concurrently
+    max_waiting: int
+    kv_usage: float  # 0..1
+
+
+class GenerationHandle(Protocol):
+    """A submitted request: iterate for deltas; cancel() frees its slot at the next step."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    def __aiter__(self) -> AsyncIterator[GenerationDelta]: ...
+
+    def cancel(self) -> None: ...
+
+
+class Engine(Protocol):
+    """An inference engine running in this process."""
+
+    name: str  # engine kind: "llama.cpp", "vllm", "echo"
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def submit(self, request: GenerationRequest) -> GenerationHandle:
+        """Validate and enqueue; raises ContextLengthExceeded / EngineOverloaded at once."""
+        ...
+
+    def load(self) -> EngineLoad: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+

@@ -1,0 +1,212 @@
+"""Benchmark reporting: environment header, statistics, tables, and the BENCHMARKS.md writer.
+
+Each scenario owns the text between ``<!-- bench:NAME:start -->`` and ``<!-- bench:NAME:end -->``
+in BENCHMARKS.md. ``write_section`` replaces only that text (appending the markers when they
+are missing), so scenarios run at different times never overwrite each other or the prose
+around them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "Environment",
+    "Spread",
+    "busy_cpu_fraction",
+    "collect_environment",
+    "markdown_table",
+    "percentile",
+    "replace_section",
+    "write_section",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+_FILE_HEADER = """# Benchmarks
+
+Written by `python -m bench` (see `bench/`). Each scenario rewrites only the text between its
+`<!-- bench:NAME:start -->` and `<!-- bench:NAME:end -->` markers; edit outside them freely.
+"""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) with linear interpolation, as numpy's default."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """Median, minimum and maximum of one figure over repeated runs."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Spread:
+        data = list(values)
+        return cls(statistics.median(data), min(data), max(data))
+
+    def format(self, spec: str) -> str:
+        """``median (min-max)``; only the median when every run gave the same figure."""
+        if len({format(v, spec) for v in (self.median, self.low, self.high)}) == 1:
+            return format(self.median, spec)
+        return f"{self.median:{spec}} ({self.low:{spec}}–{self.high:{spec}})"
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: int = 1) -> str:
+    """A GitHub table; columns from index ``right`` on are right-aligned (numbers)."""
+    aligns = [":---" if i < right else "---:" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(aligns) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """Where and with what a benchmark ran."""
+
+    date: str
+    cpu: str
+    cores: str
+    memory: str
+    system: str
+    python: str
+    packages: tuple[tuple[str, str], ...]
+    commit: str
+    command: str
+
+    def markdown(self) -> str:
+        versions = "; ".join(f"{name} {version}" for name, version in self.packages)
+        return "\n".join(
+            [
+                f"- Date: {self.date}",
+                f"- Machine: {self.cpu}, {self.cores}, {self.memory} RAM; {self.system}",
+                f"- Python {self.python}; {versions}",
+                f"- airgate commit: {self.commit}",
+                f"- Command: `{self.command}`",
+            ]
+        )
+
+
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    return match.group(1).strip() if match else platform.machine()
+
+
+def _cores() -> str:
+    total = os.cpu_count() or 0
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
+    return f"{total} cores" if usable == total else f"{total} cores ({usable} usable)"
+
+
+def _memory() -> str:
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return "? GiB"
+    match = re.search(r"^MemTotal:\s*(\d+) kB", text, re.MULTILINE)
+    return f"{int(match.group(1)) / 2**20:.1f} GiB" if match else "? GiB"
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _commit() -> str:
+    head = _git("rev-parse", "--short=12", "HEAD")
+    if head is None:
+        return "none (no commit yet)"
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return f"{head} (with uncommitted changes)" if dirty else head
+
+
+def collect_environment(command: str, distributions: Sequence[str]) -> Environment:
+    """Describe this machine, the given distributions' versions and the git commit."""
+    return Environment(
+        date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        cpu=_cpu_model(),
+        cores=_cores(),
+        memory=_memory(),
+        system=f"{platform.system()} {platform.release()}",
+        python=platform.python_version(),
+        packages=tuple((name, _version(name)) for name in distributions),
+        commit=_commit(),
+        command=command,
+    )
+
+
+def _cpu_times() -> tuple[int, int]:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields), idle
+
+
+def busy_cpu_fraction(interval_s: float = 1.0) -> float | None:
+    """Share of all CPUs busy over ``interval_s`` (None off Linux): other load skews results."""
+    try:
+        total0, idle0 = _cpu_times()
+        time.sleep(interval_s)
+        total1, idle1 = _cpu_times()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    return 1.0 - (idle1 - idle0) / total if total > 0 else None
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+
+
+def replace_section(document: str, name: str, body: str) -> str:
+    """``document`` with the section ``name`` set to ``body`` (appended if absent)."""
+    start, end = _markers(name)
+    block = f"{start}\n{body.strip()}\n{end}"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
+    if pattern.search(document):
+        return pattern.sub(lambda _: block, document, count=1)
+    return document.rstrip("\n") + "\n\n" + block + "\n"
+
+
+def write_section(path: Path, name: str, body: str) -> None:
+    """Rewrite one scenario's section of ``path`` atomically, creating the file if needed."""
+    document = path.read_text() if path.exists() else _FILE_HEADER
+    updated = replace_section(document, name, body)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(updated)
+    os.replace(tmp, path)

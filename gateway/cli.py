@@ -1,0 +1,119 @@
+"""The `airgate` command."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import env
+from .config import ConfigError, Settings, load_settings
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="airgate",
+    help="Air-gapped enterprise LLM gateway: an OpenAI-compatible API over in-process engines.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"airgate: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    """Hold an exclusive lock on the data dir for the life of the process."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(data_dir / "airgate.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _fail(f"data directory {data_dir} is in use by another airgate process; give each instance its own --data-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+@app.command()
+def serve(
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help=f"airgate.toml (also ${env.CONFIG}).")] = None,  # noqa: UP007
+    host: Annotated[Optional[str], typer.Option(help="Address to bind (default 127.0.0.1).")] = None,  # noqa: UP007
+    port: Annotated[Optional[int], typer.Option(help="Port (default 8000; 0 picks a free one).")] = None,  # noqa: UP007
+    data_dir: Annotated[
+        Optional[Path], typer.Option("--data-dir", help=f"Data directory (also ${env.DATA_DIR}; default under the user's data home).")  # noqa: UP007
+    ] = None,
+    log_level: Annotated[Optional[str], typer.Option(help="debug, info, warning or error.")] = None,  # noqa: UP007
+) -> None:
+    """Serve the OpenAI-compatible API.  With no configuration, serves Gemma 3 270M on llama.cpp."""
+    try:
+        settings = load_settings(
+            config,
+            overrides={
+                "server.host": host,
+                "server.port": port,
+                "server.log_level": log_level,
+                "data_dir": str(data_dir) if data_dir else None,
+            },
+        )
+    except ConfigError as exc:
+        raise _fail(f"configuration error: {exc}") from None
+    lock = _lock_data_dir(Path(settings.data_dir))
+    try:
+        _run(settings)
+    finally:
+        os.close(lock)
+
+
+def _run(settings: Settings) -> None:
+    import resource
+
+    import uvicorn
+
+    from .app import create_app
+    from .logs import configure_logging
+
+    # A core dump of this process could hold prompts: never write one.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    configure_logging(settings.server.log_level)
+    app_ = create_app(settings)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app_,
+            host=settings.server.host,
+            port=settings.server.port,
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+            access_log=False,
+            log_config=None,
+            server_header=False,
+            timeout_graceful_shutdown=int(settings.server.shutdown_grace_s),
+        )
+    )
+    server.run()
+    if not server.started:
+        raise _fail("the server could not start (see the log above)", code=1)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    from importlib.metadata import version as v
+
+    typer.echo(v("airgate"))
+
+
+def main() -> None:
+    app(prog_name="airgate")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Settings: `airgate.toml` plus `AIRGATE_*` overrides, validated once at start.
+
+Unknown keys and bad values stop start-up with a message naming the key and where it came from.
+Settings are frozen and built inside the CLI / `create_app`, never at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import platformdirs
+from msgspec import Meta, Struct
+
+from . import env
+
+__all__ = ["ConfigError", "EngineSettings", "ModelSettings", "ServerSettings", "Settings", "load_settings"]
+
+Port = Annotated[int, Meta(ge=0, le=65535)]
+Positive = Annotated[int, Meta(ge=1)]
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the key and its source."""
+
+
+class _Section(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    pass
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: Port = 8000
+    max_request_bytes: Annotated[int, Meta(ge=1024, le=256 * 1024 * 1024)] = 4 * 1024 * 1024
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    shutdown_grace_s: Annotated[float, Meta(ge=0)] = 10.0
+
+
+class EngineSettings(_Section):
+    """Defaults for every llama.cpp model (a model entry may override each)."""
+
+    slots: Annotated[int, Meta(ge=1, le=256)] = 4
+    context_length: Annotated[int, Meta(ge=64, le=1_048_576)] = 4096
+    batch_size: Annotated[int, Meta(ge=16, le=8192)] = 512
+    max_waiting: Annotated[int, Meta(ge=0, le=100_000)] = 64
+    n_threads: Annotated[int, Meta(ge=1, le=1024)] | None = None
+
+
+class ModelSettings(_Section):
+    id: Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+    engine: Literal["llama.cpp", "echo"] = "llama.cpp"
+    path: str | None = None  # GGUF file (llama.cpp); bundles replace this
+    aliases: list[str] = []
+    chat_template: str = "gemma"
+    slots: Annotated[int, Meta(ge=1, le=256)] | None = None
+    context_length: Annotated[int, Meta(ge=64, le=1_048_576)] | None = None
+    batch_size: Annotated[int, Meta(ge=16, le=8192)] | None = None
+    max_waiting: Annotated[int, Meta(ge=0, le=100_000)] | None = None
+    n_threads: Annotated[int, Meta(ge=1, le=1024)] | None = None
+
+
+class Settings(_Section):
+    data_dir: str = ""  # filled by load_settings when empty
+    server: ServerSettings = ServerSettings()
+    engine: EngineSettings = EngineSettings()
+    models: list[ModelSettings] = []
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("airgate", appauthor=False))
+
+
+def _env_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
+    for name, text in environ.items():
+        if not name.startswith(env.PREFIX) or name in env.DIRECT:
+            continue
+        path = name[len(env.PREFIX) :].lower().split("__")
+        if len(path) != 2 or path[0] not in ("server", "engine"):
+            raise ConfigError(
+                f"unknown environment variable {name}: expected AIRGATE_SERVER__<KEY> or "
+                f"AIRGATE_ENGINE__<KEY> (or {', '.join(sorted(env.DIRECT))})"
+            )
+        section = raw.setdefault(path[0], {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"[{path[0]}] must be a table")
+        section[path[1]] = _env_value(text)
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Read the file (if any), apply the environment, then explicit overrides (CLI flags).
+
+    `overrides` keys are dotted (`server.port`).  Precedence: flags > environment > file.
+    """
+    environ = os.environ if environ is None else environ
+    config_file = config_file or environ.get(env.CONFIG)
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if config_file:
+        path = Path(config_file)
+        source = str(path)
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    _apply_env(raw, environ)
+    if environ.get(env.DATA_DIR):
+        raw["data_dir"] = environ[env.DATA_DIR]
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        *parents, leaf = dotted.split(".")
+        node = raw
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    try:
+        settings = msgspec.convert(raw, Settings)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration ({source} + environment): {_describe(exc)}") from None
+    if not settings.data_dir:
+        settings = msgspec.structs.replace(settings, data_dir=str(default_data_dir()))
+    _check_models(settings)
+    return settings
+
+
+def _describe(exc: msgspec.ValidationError) -> str:
+    # "Object contains unknown field `x` - at `$.server`" -> "server.x: unknown key"
+    text = str(exc)
+    message, _, where = text.partition(" - at ")
+    key = where.strip("`").removeprefix("$").lstrip(".")
+    if message.startswith("Object contains unknown field"):
+        field = message.split("`")[1]
+        return f"unknown key {'.'.join(p for p in (key, field) if p)!r}"
+    return f"{key or 'top level'}: {message}"
+
+
+def _check_models(settings: Settings) -> None:
+    seen: set[str] = set()
+    for model in settings.models:
+        for name in (model.id, *model.aliases):
+            if name in seen:
+                raise ConfigError(f"model id or alias {name!r} is declared twice")
+            seen.add(name)
+        if model.engine == "llama.cpp" and not model.path:
+            raise ConfigError(f"model {model.id!r}: engine llama.cpp needs `path` (a GGUF file)")

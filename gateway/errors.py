@@ -1,0 +1,204 @@
+"""Gateway errors and their one rendering: the OpenAI error envelope.
+
+    GatewayError                       500 server_error           (base; never raised bare)
+    ├── InvalidRequest                 400 invalid_request_error
+    │   ├── UnsupportedParameter       400 ... code=unsupported_parameter
+    │   └── ContextLengthExceeded      400 ... code=context_length_exceeded
+    ├── NotFound                       404 invalid_request_error  code=not_found
+    │   └── ModelNotFound              404 ... code=model_not_found
+    ├── MethodNotAllowed               405 invalid_request_error  code=method_not_allowed
+    ├── RequestTooLarge                413 invalid_request_error  code=request_too_large
+    ├── Overloaded                     429 rate_limit_error       code=engine_overloaded
+    ├── ServiceUnavailable             503 server_error           code=service_unavailable
+    └── InternalError                  500 server_error           code=internal_error
+
+Every message is written by us: it may name a parameter, never repeat what the client sent
+(a prompt must never come back in an error, nor reach a log through one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import traceback
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+from backends import errors as engine_errors
+
+__all__ = [
+    "ContextLengthExceeded",
+    "GatewayError",
+    "InternalError",
+    "InvalidRequest",
+    "MethodNotAllowed",
+    "ModelNotFound",
+    "NotFound",
+    "Overloaded",
+    "RequestTooLarge",
+    "ServiceUnavailable",
+    "UnsupportedParameter",
+    "error_body",
+    "exception_handlers",
+    "translate_engine_errors",
+]
+
+_log = logging.getLogger("airgate.errors")
+
+
+class GatewayError(Exception):
+    status_code: int = 500
+    type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = None
+
+    def __init__(
+        self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+
+class InvalidRequest(GatewayError):
+    status_code = 400
+    type = "invalid_request_error"
+
+
+class UnsupportedParameter(InvalidRequest):
+    code = "unsupported_parameter"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class NotFound(GatewayError):
+    status_code = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status_code = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class RequestTooLarge(GatewayError):
+    status_code = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class Overloaded(GatewayError):
+    status_code = 429
+    type = "rate_limit_error"
+    code = "engine_overloaded"
+
+
+class ServiceUnavailable(GatewayError):
+    status_code = 503
+    type = "server_error"
+    code = "service_unavailable"
+
+
+class InternalError(GatewayError):
+    code = "internal_error"
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorEnvelope(msgspec.Struct):
+    error: ErrorDetail
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def error_body(exc: GatewayError) -> bytes:
+    return _encode(ErrorEnvelope(ErrorDetail(exc.message, exc.type, exc.param, exc.code)))
+
+
+@contextlib.contextmanager
+def translate_engine_errors() -> Iterator[None]:
+    """Turn engine exceptions into gateway errors at the seam."""
+    try:
+        yield
+    except engine_errors.ContextLengthExceeded as exc:
+        raise ContextLengthExceeded(str(exc), param="messages") from exc
+    except engine_errors.InvalidGenerationRequest as exc:
+        raise InvalidRequest(str(exc), param=exc.param) from exc
+    except engine_errors.EngineOverloaded as exc:
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+        raise Overloaded(str(exc) + "; retry later", headers={"Retry-After": retry}) from exc
+    except engine_errors.EngineNotReady as exc:
+        raise ServiceUnavailable(str(exc), headers={"Retry-After": "5"}) from exc
+    except engine_errors.EngineFailure as exc:
+        raise InternalError("the engine failed while generating") from exc
+
+
+def _render(exc: GatewayError) -> Response[bytes]:
+    return Response(
+        error_body(exc),
+        status_code=exc.status_code,
+        media_type="application/json",
+        headers=exc.headers,
+    )
+
+
+def _on_gateway_error(_: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    return _render(exc)
+
+
+def _on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    # Litestar's own errors (routing, body limit, its validation): our envelope, our words.
+    status = exc.status_code
+    mapped: GatewayError
+    if status == 404:
+        mapped = NotFound("no such route")
+    elif status == 405:
+        mapped = MethodNotAllowed("method not allowed on this route")
+    elif status == 413:
+        mapped = RequestTooLarge("the request body is larger than this server accepts")
+    elif status == 503:
+        mapped = ServiceUnavailable("service unavailable")
+    elif 400 <= status < 500:
+        mapped = InvalidRequest("invalid request")
+        mapped.status_code = status
+    else:
+        return _on_unexpected(_, exc)
+    response = _render(mapped)
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    # The type and the frames only: an exception's message may carry request content.
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    _log.error(
+        "unhandled %s on %s %s\n%s", type(exc).__name__, request.method, request.url.path, frames
+    )
+    return _render(InternalError("internal error"))
+
+
+exception_handlers: dict[type[Exception] | int, Any] = {
+    GatewayError: _on_gateway_error,
+    HTTPException: _on_http_exception,
+    Exception: _on_unexpected,
+}

@@ -1,0 +1,201 @@
+"""What chat and completions share: OpenAI parameters -> engine requests, then running them.
+
+Running covers the things every endpoint must get right once: submitting (engine errors become
+HTTP errors before any byte is sent), merging several choices, metrics, the request's log facts,
+aborting the engine when the client goes away, and SSE framing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+from litestar import Request
+
+from backends.types import GenerationDelta, GenerationHandle, GenerationRequest, SamplingParams
+
+from ..errors import GatewayError, InternalError, InvalidRequest, UnsupportedParameter, error_body, translate_engine_errors
+from ..metrics import Metrics
+from ..registry import ServedModel
+from ..reqlog import RequestInfo
+
+__all__ = [
+    "SSE_DONE",
+    "Run",
+    "sampling_params",
+    "sse",
+    "stop_strings",
+]
+
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_encode = msgspec.json.Encoder().encode
+
+
+def sse(payload: msgspec.Struct) -> bytes:
+    return b"data: " + _encode(payload) + b"\n\n"
+
+
+def sampling_params(body: Any) -> SamplingParams:
+    """Sampling from the fields chat and completions share (validated ranges already)."""
+    if body.n != 1:
+        raise UnsupportedParameter("n > 1 is not supported: send one request per choice.", param="n")
+    bias: list[tuple[int, float]] = []
+    for key, value in (body.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidRequest("logit_bias keys must be token ids (integers as strings).", param="logit_bias") from None
+        if token < 0:
+            raise InvalidRequest("logit_bias keys must be non-negative token ids.", param="logit_bias")
+        bias.append((token, float(value)))
+    return SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=max(0, body.top_k or 0),
+        min_p=body.min_p or 0.0,
+        seed=None if body.seed is None else body.seed & 0xFFFFFFFF,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        logit_bias=tuple(bias),
+    )
+
+
+def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+class Run:
+    """The engine side of one HTTP request: one handle per choice."""
+
+    def __init__(self, model: ServedModel, info: RequestInfo, metrics: Metrics) -> None:
+        self.model = model
+        self.info = info
+        self.metrics = metrics
+        self.handles: list[GenerationHandle] = []
+        self.start = time.perf_counter()
+        self._labels = (model.id, model.engine.name)
+        info.model = model.id
+
+    async def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        try:
+            with translate_engine_errors():
+                for req in requests:
+                    self.handles.append(await self.model.engine.submit(req))
+        except GatewayError as exc:
+            self.info.error_code = exc.code or exc.type
+            self.cancel()
+            raise
+        self.info.prompt_tokens = sum(h.prompt_tokens for h in self.handles)
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
+    async def deltas(self) -> AsyncIterator[tuple[int, GenerationDelta]]:
+        """(choice index, delta) as they come; records metrics; aborts the engine on exit."""
+        labels = self._labels
+        ttft = self.metrics.ttft.labels(*labels)
+        itl = self.metrics.itl.labels(*labels)
+        last = None
+        completion = 0
+        finished = 0
+        try:
+            with translate_engine_errors():
+                async for index, delta in _merge(self.handles):
+                    now = time.perf_counter()
+                    if delta.n_tokens:
+                        if last is None:
+                            self.info.ttft_s = now - self.start
+                            ttft.observe(self.info.ttft_s)
+                        else:
+                            itl.observe(now - last)
+                        last = now
+                    if delta.finish_reason is not None:
+                        finished += 1
+                        if delta.usage is not None:
+                            completion += delta.usage.completion_tokens
+                        self.info.finish_reason = delta.finish_reason
+                        self.metrics.request_success.labels(*labels, delta.finish_reason).inc()
+                    yield index, delta
+        finally:
+            self.cancel()
+            self.info.completion_tokens = completion
+            self.metrics.prompt_tokens.labels(*labels).inc(self.info.prompt_tokens or 0)
+            self.metrics.generation_tokens.labels(*labels).inc(completion)
+            if finished == len(self.handles):
+                self.metrics.e2e.labels(*labels).observe(time.perf_counter() - self.start)
+
+    async def collect(self, request: Request[Any, Any, Any]) -> list[list[GenerationDelta]]:
+        """Every delta per choice; a client that disconnects meanwhile aborts the generation."""
+        per_choice: list[list[GenerationDelta]] = [[] for _ in self.handles]
+
+        async def gather() -> None:
+            async for index, delta in self.deltas():
+                per_choice[index].append(delta)
+
+        task = asyncio.ensure_future(gather())
+        watcher = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not task.done():
+                task.cancel()
+                self.info.error_code = "client_disconnected"
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        task.result()
+        return per_choice
+
+    def stream_error(self, exc: BaseException) -> bytes:
+        """The one SSE error event sent when generation fails after streaming began."""
+        err = exc if isinstance(exc, GatewayError) else InternalError("internal error")
+        self.info.error_code = err.code or err.type
+        return b"data: " + error_body(err) + b"\n\n"
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _merge(handles: Sequence[GenerationHandle]) -> AsyncIterator[tuple[int, GenerationDelta]]:
+    if len(handles) == 1:
+        async for delta in handles[0]:
+            yield 0, delta
+        return
+    queue: asyncio.Queue[tuple[int, GenerationDelta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, handle: GenerationHandle) -> None:
+        try:
+            async for delta in handle:
+                queue.put_nowait((index, delta))
+        except BaseException as exc:  # delivered to the consumer, which re-raises it
+            queue.put_nowait((index, exc))
+            return
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()

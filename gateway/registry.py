@@ -1,0 +1,39 @@
+"""The models this process serves: id and aliases -> engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from backends.types import Engine
+
+from .errors import ModelNotFound
+
+__all__ = ["ModelRegistry", "ServedModel"]
+
+
+class ServedModel:
+    __slots__ = ("aliases", "created", "engine", "id")
+
+    def __init__(self, model_id: str, engine: Engine, aliases: Iterable[str] = ()) -> None:
+        self.id = model_id
+        self.engine = engine
+        self.aliases = tuple(aliases)
+        self.created = int(time.time())
+
+
+class ModelRegistry:
+    def __init__(self, models: Iterable[ServedModel]) -> None:
+        self.models = tuple(models)
+        self._by_name = {name: m for m in self.models for name in (m.id, *m.aliases)}
+        self.ready = False
+
+    def resolve(self, name: str) -> ServedModel:
+        model = self._by_name.get(name)
+        if model is None:
+            # The name is the client's own input but not content; still, do not repeat it.
+            raise ModelNotFound("the model does not exist or you do not have access to it", param="model")
+        return model
+
+    def names(self) -> list[str]:
+        return list(self._by_name)

@@ -1,0 +1,112 @@
+"""One structured log line per request, and the request id.
+
+An ASGI middleware (not Litestar's logging middleware, which logs bodies by default): it assigns
+the request id, times the whole exchange including a streamed body, and logs metadata only —
+never a body, a header value or a query string.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from typing import Any
+
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from .metrics import Metrics
+
+__all__ = ["RequestInfo", "RequestLogMiddleware", "request_info"]
+
+_log = logging.getLogger("airgate.request")
+_VALID_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")
+
+
+class RequestInfo:
+    """Facts a handler learns about its request, for the log line (and later the audit)."""
+
+    __slots__ = (
+        "completion_tokens",
+        "error_code",
+        "finish_reason",
+        "model",
+        "prompt_tokens",
+        "request_id",
+        "stream",
+        "ttft_s",
+    )
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.model: str | None = None
+        self.stream = False
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.finish_reason: str | None = None
+        self.ttft_s: float | None = None
+        self.error_code: str | None = None
+
+
+def request_info(scope: Scope) -> RequestInfo:
+    info: RequestInfo = scope["state"]["airgate"]
+    return info
+
+
+class RequestLogMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        request_id = _request_id(scope)
+        info = RequestInfo(request_id)
+        scope.setdefault("state", {})["airgate"] = info
+        status = 500
+        header = (b"x-request-id", request_id.encode())
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self._log(scope, info, status, time.perf_counter() - start)
+
+    def _log(self, scope: Scope, info: RequestInfo, status: int, elapsed: float) -> None:
+        path: str = scope.get("path", "")
+        self.metrics.requests.labels(path if path.startswith("/v1/") else "other", str(status)).inc()
+        fields: dict[str, Any] = {
+            "request_id": info.request_id,
+            "method": scope.get("method"),
+            "path": path,
+            "status": status,
+            "latency_ms": round(elapsed * 1000, 2),
+        }
+        if info.model is not None:
+            fields.update(
+                model=info.model,
+                stream=info.stream,
+                prompt_tokens=info.prompt_tokens,
+                completion_tokens=info.completion_tokens,
+                finish_reason=info.finish_reason,
+                ttft_ms=None if info.ttft_s is None else round(info.ttft_s * 1000, 2),
+            )
+        if info.error_code is not None:
+            fields["error"] = info.error_code
+        _log.info("request", extra={"fields": fields})
+
+
+def _request_id(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id" and _VALID_ID.match(value):
+            return value.decode()
+    return secrets.token_hex(12)
