@@ -29,10 +29,10 @@ _GEMMA = """{{ bos_token }}
 {%- endfor %}
 {%- for m in messages if m.role not in ("system", "developer") %}
   {{- "<start_of_turn>" + ("model" if m.role == "assistant" else "user") + "\n" }}
-  {%- if ns.first and m.role == "user" %}{{ ns.system }}{% endif %}
-  {%- set ns.first = false %}
+  {%- if ns.first and m.role == "user" %}{{ ns.system }}{% set ns.first = false %}{% endif %}
   {{- m.content + "<end_of_turn>\n" }}
 {%- endfor %}
+{%- if ns.first and ns.system %}{{ raise_exception("a system message needs a user message") }}{% endif %}
 {%- if add_generation_prompt %}{{ "<start_of_turn>model\n" }}{% endif %}"""
 
 BUILTIN_TEMPLATES: dict[str, str] = {"gemma": _GEMMA}
@@ -45,7 +45,12 @@ def _compile(source: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
     )
+    env.globals["raise_exception"] = _raise
     return env.from_string(source)
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
 
 
 class ChatTemplate:

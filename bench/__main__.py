@@ -65,13 +65,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_SECRET_OPTIONS = ("--api-key",)
+
+
+def _redacted(argv: Sequence[str]) -> list[str]:
+    """``argv`` with secret option values replaced, fit to be written into BENCHMARKS.md."""
+    shown: list[str] = []
+    hide_next = False
+    for arg in argv:
+        option, sep, _ = arg.partition("=")
+        if hide_next:
+            shown.append("***")
+        elif option in _SECRET_OPTIONS and sep:
+            shown.append(f"{option}=***")
+        else:
+            shown.append(arg)
+        hide_next = arg in _SECRET_OPTIONS
+    return shown
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     if args.runs < 1:
         print("bench: --runs must be at least 1", file=sys.stderr)
         return 2
-    args.command = shlex.join(["python", "-m", "bench", *argv])
+    args.command = shlex.join(["python", "-m", "bench", *_redacted(argv)])
     output: Path | None = args.output
     if output is None and not args.quick:
         output = REPO_ROOT / "BENCHMARKS.md"

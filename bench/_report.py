@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "CpuSample",
     "Environment",
     "Spread",
-    "busy_cpu_fraction",
     "collect_environment",
+    "cpu_sample",
+    "foreign_cpu_share",
     "markdown_table",
     "percentile",
     "replace_section",
@@ -171,22 +173,42 @@ def collect_environment(command: str, distributions: Sequence[str]) -> Environme
     )
 
 
-def _cpu_times() -> tuple[int, int]:
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields), idle
+@dataclass(frozen=True, slots=True)
+class CpuSample:
+    """System-wide busy CPU time and this process tree's CPU time at one instant."""
+
+    wall_s: float
+    busy_s: float  # every CPU, every process (/proc/stat)
+    own_s: float  # this process and its reaped children
 
 
-def busy_cpu_fraction(interval_s: float = 1.0) -> float | None:
-    """Share of all CPUs busy over ``interval_s`` (None off Linux): other load skews results."""
+def cpu_sample() -> CpuSample | None:
+    """A sample for ``foreign_cpu_share``; None where /proc/stat is unavailable."""
     try:
-        total0, idle0 = _cpu_times()
-        time.sleep(interval_s)
-        total1, idle1 = _cpu_times()
-    except (OSError, ValueError, IndexError):
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
         return None
-    total = total1 - total0
-    return 1.0 - (idle1 - idle0) / total if total > 0 else None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    # steal (8th field) is time taken by the hypervisor: count it as busy, it slows us too
+    ticks = os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return CpuSample(
+        wall_s=time.monotonic(),
+        busy_s=(sum(fields[:8]) - idle) / ticks,
+        own_s=own.user + own.system + own.children_user + own.children_system,
+    )
+
+
+def foreign_cpu_share(before: CpuSample | None, after: CpuSample | None) -> float:
+    """Share of all CPUs used by other processes between two samples (0 when unknown).
+
+    Children count as ours once reaped, so take ``after`` when every child has exited.
+    """
+    if before is None or after is None or after.wall_s <= before.wall_s:
+        return 0.0
+    foreign = (after.busy_s - before.busy_s) - (after.own_s - before.own_s)
+    capacity = (after.wall_s - before.wall_s) * (os.cpu_count() or 1)
+    return max(0.0, foreign / capacity)
 
 
 def _markers(name: str) -> tuple[str, str]:

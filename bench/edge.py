@@ -7,6 +7,10 @@ Each run (repeated ``--runs`` times, figures are the median with min and max):
 2. ``airgate serve`` on a free port (data dir reused across runs), one warm-up request, then
    ``/v1/completions`` streamed at concurrency 1, 4 and 8; the server is stopped afterwards.
 
+A run during which other processes used more than ``--max-foreign-load`` of the CPUs (measured
+from /proc/stat minus this process tree's CPU time) is discarded and repeated: on a 2-core
+machine one busy neighbour thread halves llama.cpp's speed.
+
 Every request generates exactly ``MAX_TOKENS`` tokens at temperature 0: the Gemma base model
 would stop after ~10 tokens, so its end tokens are banned with a logit bias of -100. Prompts are
 distinct per request (random common words, ~100 tokens) so no engine can reuse a cached prefix.
@@ -44,8 +48,9 @@ from bench._client import BenchError, LoadError, LoadResult, RequestResult, run_
 from bench._report import (
     REPO_ROOT,
     Spread,
-    busy_cpu_fraction,
     collect_environment,
+    cpu_sample,
+    foreign_cpu_share,
     markdown_table,
     percentile,
 )
@@ -54,17 +59,19 @@ NAME = "edge"
 
 MODEL_ID = "gemma-3-270m"
 MAX_TOKENS = 128
-BANNED_TOKENS = (1, 106, 212)  # Gemma end tokens: <eos>, <end_of_turn>, and 212
+BANNED_TOKENS = (1, 106, 212)  # Gemma's <eos>, <end_of_turn> and </s>
 LEVELS = (1, 4, 8)
 PROMPT_WORDS = 98  # ~100 Gemma tokens with the word list below, BOS included
 RAW_N_CTX = 2048
 TARGET_AT_8 = 1.5  # gateway aggregate at concurrency 8 / raw single stream
 TARGET_AT_1 = 0.9  # gateway at concurrency 1 / raw single stream
-BUSY_WARNING = 0.10  # CPU share used by others before a run that makes its figures suspect
+MAX_FOREIGN_LOAD = 0.05  # share of the CPUs other processes may use before a run is repeated
 
-# Engine settings passed to the server unless --no-engine-env; names follow AIRGATE_* config.
+# Engine settings passed to the server unless --no-engine-env ([engine] keys of airgate.toml).
 SLOTS_ENV = "AIRGATE_ENGINE__SLOTS"
-THREADS_ENV = "AIRGATE_ENGINE__THREADS"
+THREADS_ENV = "AIRGATE_ENGINE__N_THREADS"
+# The server rejects unknown AIRGATE_* variables: ours never reach it.
+OWN_ENV_PREFIX = "AIRGATE_BENCH_"
 
 _WORD_TEXT = """
 time year people way day thing life child world school state family student group country
@@ -319,7 +326,8 @@ def run_gateway(
     data_dir.mkdir(parents=True, exist_ok=True)
     command = [*_serve_command(), "serve", "--port", str(port), "--data-dir", str(data_dir)]
     command += args.server_arg
-    env = {**os.environ, **server_env(args)}
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(OWN_ENV_PREFIX)}
+    env = {**inherited, **server_env(args)}
     with spawned(command, env, log_path) as proc:
         try:
             return asyncio.run(
@@ -383,6 +391,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bearer key for the gateway (default $AIRGATE_BENCH_API_KEY)",
     )
     group.add_argument(
+        "--max-foreign-load",
+        type=float,
+        default=MAX_FOREIGN_LOAD,
+        metavar="SHARE",
+        help="repeat a run in which other processes used more than this share of the CPUs "
+        f"(default {MAX_FOREIGN_LOAD}; 1 disables)",
+    )
+    group.add_argument(
         "--ready-timeout", type=float, default=300.0, help="seconds to wait for /ready"
     )
 
@@ -398,47 +414,59 @@ def run(args: argparse.Namespace) -> str:
     for log in (raw_log, server_log):
         log.write_bytes(b"")  # this invocation's output only
     model_path = ensure_model(args.cache_dir)
-    raws: list[RawOutcome] = []
-    gateways: list[GatewayOutcome] = []
-    busy: list[float] = []
-    for run_index in range(runs):
-        prompts = {
-            level: make_prompts(run_index, level, requests_at(level, args.quick))
-            for level in LEVELS
-        }
-        prompts[0] = make_prompts(run_index, 0, 2)  # warm-ups
-        busy.append(_background_load())
-        _say(f"run {run_index + 1}/{runs}: raw llama-cpp-python, {len(prompts[1])} requests")
-        raw = run_raw(
-            RawJob(
-                model_path=str(model_path),
-                threads=args.threads,
-                warmup_prompt=prompts[0][1],
-                prompts=prompts[1],
-            ),
-            raw_log,
-        )
-        _check_lengths("raw baseline", raw.result.requests)
-        _say(f"  raw: {raw.result.tokens_per_s:.1f} tok/s")
-        raws.append(raw)
-        gateway = run_gateway(args, prompts, server_log)
-        for level in gateway.levels:
-            _say(f"  gateway at {level.concurrency}: {level.tokens_per_s:.1f} tok/s")
-        gateways.append(gateway)
+    kept: list[EdgeRun] = []
+    discarded = 0
+    attempt = 0
+    while len(kept) < runs:
+        if discarded > runs:
+            raise BenchError(
+                f"{discarded} runs discarded: other processes kept more than "
+                f"{args.max_foreign_load:.0%} of the CPUs busy; run on a quiet machine"
+            )
+        _say(f"run {len(kept) + 1}/{runs}:")
+        result = _one_run(args, attempt, model_path, raw_log, server_log)
+        attempt += 1
+        if result.foreign_share > args.max_foreign_load:
+            discarded += 1
+            _say(f"  discarded: other processes used {result.foreign_share:.0%} of the CPUs")
+            continue
+        kept.append(result)
     dump = logs / "edge-results.json"
-    dump.write_bytes(msgspec.json.encode({"raw": raws, "gateway": gateways}))
+    dump.write_bytes(msgspec.json.encode(kept))
     _say(f"per-request results: {dump}")
-    return render(args, raws, gateways, max(busy))
+    return render(args, kept, discarded)
 
 
-def _background_load() -> float:
-    """CPU share used by other processes just before a run; warns when it is not negligible."""
-    busy = busy_cpu_fraction(2.0)
-    if busy is None:
-        return 0.0
-    if busy > BUSY_WARNING:
-        _say(f"  warning: the CPUs were {busy:.0%} busy before this run; figures will be low")
-    return busy
+class EdgeRun(msgspec.Struct, frozen=True, kw_only=True):
+    raw: RawOutcome
+    gateway: GatewayOutcome
+    foreign_share: float  # of all CPUs, used by other processes during the run
+
+
+def _one_run(
+    args: argparse.Namespace, attempt: int, model_path: Path, raw_log: Path, server_log: Path
+) -> EdgeRun:
+    """Raw baseline, then the gateway; distinct prompts for every attempt."""
+    prompts = {
+        level: make_prompts(attempt, level, requests_at(level, args.quick)) for level in LEVELS
+    }
+    prompts[0] = make_prompts(attempt, 0, 2)  # warm-ups
+    before = cpu_sample()
+    job = RawJob(
+        model_path=str(model_path),
+        threads=args.threads,
+        warmup_prompt=prompts[0][1],
+        prompts=prompts[1],
+    )
+    raw = run_raw(job, raw_log)
+    _check_lengths("raw baseline", raw.result.requests)
+    _say(f"  raw llama-cpp-python: {raw.result.tokens_per_s:.1f} tok/s")
+    gateway = run_gateway(args, prompts, server_log)
+    for level in gateway.levels:
+        _say(f"  airgate at concurrency {level.concurrency}: {level.tokens_per_s:.1f} tok/s")
+    # Both children have exited and been reaped: their CPU time now counts as ours.
+    share = foreign_cpu_share(before, cpu_sample())
+    return EdgeRun(raw=raw, gateway=gateway, foreign_share=share)
 
 
 def _say(message: str) -> None:
@@ -462,13 +490,11 @@ def _ratio_row(label: str, ratios: Sequence[float], target: float) -> list[str]:
     return [label, spread.format(".2f"), f">= {target}", verdict]
 
 
-def render(
-    args: argparse.Namespace,
-    raws: Sequence[RawOutcome],
-    gateways: Sequence[GatewayOutcome],
-    busy: float,
-) -> str:
+def render(args: argparse.Namespace, kept: Sequence[EdgeRun], discarded: int) -> str:
     """The scenario's BENCHMARKS.md section."""
+    raws = [r.raw for r in kept]
+    gateways = [r.gateway for r in kept]
+    foreign = max(r.foreign_share for r in kept)
     env = collect_environment(args.command, ["airgate", "llama-cpp-python", "httpx"])
     runs = len(raws)
     raw_results = [r.result for r in raws]
@@ -514,9 +540,9 @@ def render(
         "in its own process, one stream, one warm-up request, the same prompts as the gateway "
         "at concurrency 1; the server is not running meanwhile.",
         "- Tokens/s = generated tokens / wall time of the batch; TTFT = time to the first text "
-        f"chunk. Figures: {figures}. Other load "
-        f"before the runs: at most {busy:.0%} of the CPUs"
-        f"{' (**results suspect**)' if busy > BUSY_WARNING else ''}.",
+        f"chunk. Figures: {figures}. Other processes used at most {foreign:.0%} of the CPUs "
+        f"during a run; {discarded} run{'s' if discarded != 1 else ''} discarded and repeated "
+        f"for exceeding {args.max_foreign_load:.0%}.",
     ]
     title = "## Edge: llama.cpp engine through the HTTP API vs raw llama-cpp-python"
     quick = "**Smoke run (`--quick`): one run, few requests; not a result.**"

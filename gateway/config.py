@@ -130,6 +130,8 @@ def load_settings(
         node = raw
         for part in parents:
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"[{part}] must be a table")
         node[leaf] = value
     try:
         settings = msgspec.convert(raw, Settings)

@@ -50,6 +50,8 @@ class Model:
     def __init__(self, path: str) -> None:
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 0
+        # No weight repacking: the repacked kernels switch to a gemm path at >= 4 rows, so a
+        # sequence's logits (and its greedy output) would depend on the batch it shares.
         params.use_extra_bufts = False
         ptr = ll.llama_model_load_from_file(path.encode(), params)
         if not ptr:
@@ -100,10 +102,15 @@ class Model:
 
 
 class Context:
-    """One llama.cpp context with `n_seq` independent sequences of `n_ctx_seq` tokens each."""
+    """One llama.cpp context with `n_seq` sequences of up to `n_ctx_seq` tokens each.
+
+    The KV cache is unified (one buffer of n_seq * n_ctx_seq cells): with split per-sequence
+    streams, llama.cpp's batch splitting made a sequence's logits depend on which other
+    sequences shared its batch (greedy outputs changed under load).  Unified, they do not.
+    """
 
     def __init__(
-        self, model: Model, *, n_seq: int, n_ctx_seq: int, n_batch: int, n_threads: int
+        self, model: Model, *, n_seq: int, n_ctx_seq: int, n_batch: int, n_threads: int, unified: bool = True
     ) -> None:
         params = ll.llama_context_default_params()
         params.n_ctx = n_seq * n_ctx_seq
@@ -112,7 +119,7 @@ class Context:
         params.n_seq_max = n_seq
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
-        params.kv_unified = False  # every sequence owns exactly its share of the cache
+        params.kv_unified = unified
         params.no_perf = True
         ptr = ll.llama_init_from_model(model.ptr, params)
         if not ptr:
@@ -120,7 +127,7 @@ class Context:
         self.ptr = ptr
         self.model = model
         self.memory = ll.llama_get_memory(ptr)
-        self.n_ctx_seq: int = ll.llama_n_ctx_seq(ptr)
+        self.n_ctx_seq = n_ctx_seq  # our per-request bound; the unified cache holds n_seq of them
         self.n_batch: int = ll.llama_n_batch(ptr)
 
     def close(self) -> None:

@@ -162,8 +162,8 @@ class Scheduler:
                         self._cv.wait()
                     if self._stopping:
                         break
-                    self._admit_locked()
-                outbox: Outbox = []
+                    dropped = self._admit_locked()
+                outbox: Outbox = [(seq.out, self._final(seq, "abort", "")) for seq in dropped]
                 self._reap(outbox)
                 if self._has_active():
                     self._step(outbox)
@@ -178,18 +178,22 @@ class Scheduler:
     def _has_active(self) -> bool:
         return any(s is not None for s in self._slots)
 
-    def _admit_locked(self) -> None:
+    def _admit_locked(self) -> list[Sequence]:
+        """Move waiting requests into free slots; returns those cancelled while waiting."""
+        dropped = [s for s in self._pending if s.cancelled]
+        if dropped:
+            self._pending = collections.deque(s for s in self._pending if not s.cancelled)
+            for seq in dropped:
+                seq.finished = True
         for slot, current in enumerate(self._slots):
             if current is not None:
                 continue
-            while self._pending:
+            if self._pending:
                 seq = self._pending.popleft()
-                if seq.cancelled:
-                    continue
                 seq.slot = slot
                 seq.sampler = Sampler(seq.params, self._model.n_vocab, seq.max_tokens)  # type: ignore[arg-type]
                 self._slots[slot] = seq
-                break
+        return dropped
 
     def _release(self, seq: Sequence) -> None:
         self._ctx.clear_seq(seq.slot)

@@ -130,6 +130,10 @@ class LlamaCppEngine:
         model = self._model
         if model is None:
             raise EngineNotReady("the engine is not started")
+        if any(not 0 <= tok < model.n_vocab for tok, _ in request.sampling.logit_bias):
+            raise InvalidGenerationRequest(
+                f"logit_bias token ids must be in [0, {model.n_vocab})", param="logit_bias"
+            )
         if request.messages is not None:
             tokens: list[int] = []
             for text, is_content in self._template.render(request.messages):

@@ -12,8 +12,7 @@ from ..errors import InvalidRequest, UnsupportedParameter
 __all__ = ["decode"]
 
 T = TypeVar("T")
-_QUOTED = re.compile(r"'[^']*'")
-_FIELD = re.compile(r"`([^`]{1,64})`")
+_FIELD = re.compile(r"`([A-Za-z0-9_.\-]{1,64})`")
 
 
 def _param(where: str) -> str | None:
@@ -34,11 +33,16 @@ def decode(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
 
 
 def _translate(text: str) -> InvalidRequest:
-    message, _, where = text.partition(" - at ")
+    # The path is the last " - at " part (a value could contain the separator).
+    message, _, where = text.rpartition(" - at ")
+    if not _:
+        message, where = text, ""
     param = _param(where) if where else None
     if message.startswith("Object contains unknown field"):
         found = _FIELD.search(message)
-        name = found.group(1) if found else "?"
+        if found is None:
+            return UnsupportedParameter("The request contains a parameter this server does not support.", param=param)
+        name = found.group(1)
         full = f"{param}.{name}" if param else name
         return UnsupportedParameter(
             f"Unsupported parameter: '{full}' is not supported by this server.", param=full
@@ -50,7 +54,9 @@ def _translate(text: str) -> InvalidRequest:
         return InvalidRequest(f"Missing required parameter: '{full}'.", param=full)
     if message.startswith("Expected `object`") and param is None:
         return InvalidRequest("The request body must be a JSON object.")
-    # Type and range errors: keep msgspec's description of what was expected, drop any value.
-    detail = _QUOTED.sub("value", message).replace("`", "")
     target = f"'{param}'" if param else "the request body"
-    return InvalidRequest(f"Invalid value for {target}: {detail}.", param=param)
+    # msgspec's "Expected `int` >= 1" / "Expected `str`, got `int`" name only types and bounds;
+    # any message that quotes something may be quoting the client's value, so it is not used.
+    if message.startswith("Expected") and "'" not in message and '"' not in message:
+        return InvalidRequest(f"Invalid value for {target}: {message.replace('`', '')}.", param=param)
+    return InvalidRequest(f"Invalid value for {target}.", param=param)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 SSE_DONE = b"data: [DONE]\n\n"
+_TOKEN_ID = re.compile(r"[0-9]{1,9}")  # ASCII digits only; the engine checks the vocabulary
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _encode = msgspec.json.Encoder().encode
 
@@ -46,13 +48,9 @@ def sampling_params(body: Any) -> SamplingParams:
         raise UnsupportedParameter("n > 1 is not supported: send one request per choice.", param="n")
     bias: list[tuple[int, float]] = []
     for key, value in (body.logit_bias or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise InvalidRequest("logit_bias keys must be token ids (integers as strings).", param="logit_bias") from None
-        if token < 0:
-            raise InvalidRequest("logit_bias keys must be non-negative token ids.", param="logit_bias")
-        bias.append((token, float(value)))
+        if not _TOKEN_ID.fullmatch(key):
+            raise InvalidRequest("logit_bias keys must be token ids (decimal integers as strings).", param="logit_bias")
+        bias.append((int(key), float(value)))
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,

@@ -1,0 +1,41 @@
+# The two commands a new user needs:  `make serve`  and  `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: install dev serve test lint bench clean
+
+$(VENV)/.installed: pyproject.toml scripts/llama-wheel.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -U pip setuptools wheel
+	$(PIP) install "$$(PYTHON=$(PY) scripts/llama-wheel.sh)"
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.installed
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+dev: $(VENV)/.dev
+
+## Install (first time: ~7 min to build llama.cpp, cached afterwards) and serve on 127.0.0.1:8000.
+serve: $(VENV)/.installed
+	$(VENV)/bin/airgate serve $(ARGS)
+
+## Install the dev dependencies and run the whole test suite.
+test: $(VENV)/.dev
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check gateway backends policies bundles tests bench
+	$(VENV)/bin/mypy
+
+bench: $(VENV)/.dev
+	$(PY) -m bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,239 @@
+"""gateway/config.py: file, environment and flag settings, validated once with named keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, Settings, load_settings
+
+NO_ENV: dict[str, str] = {}
+
+
+def _write(tmp_path: Path, text: str, name: str = "airgate.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_without_file_or_environment() -> None:
+    settings = load_settings(None, environ=NO_ENV)
+    assert settings.server.host == "127.0.0.1"
+    assert settings.server.port == 8000
+    assert settings.engine.slots == 4
+    assert settings.models == []
+    assert settings.data_dir  # filled with the platform's user data directory
+
+
+def test_file_values(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+data_dir = "/srv/airgate"
+
+[server]
+host = "0.0.0.0"
+port = 8443
+log_level = "debug"
+
+[engine]
+slots = 2
+context_length = 2048
+
+[[models]]
+id = "gemma"
+path = "/models/gemma.gguf"
+aliases = ["default"]
+slots = 1
+
+[[models]]
+id = "echo"
+engine = "echo"
+""",
+    )
+    settings = load_settings(path, environ=NO_ENV)
+    assert settings.data_dir == "/srv/airgate"
+    assert (settings.server.host, settings.server.port) == ("0.0.0.0", 8443)
+    assert settings.server.log_level == "debug"
+    assert (settings.engine.slots, settings.engine.context_length) == (2, 2048)
+    assert [m.id for m in settings.models] == ["gemma", "echo"]
+    assert settings.models[0].path == "/models/gemma.gguf"
+    assert settings.models[0].aliases == ["default"]
+    assert settings.models[0].slots == 1
+    assert settings.models[1].engine == "echo"
+
+
+def test_config_file_named_by_the_environment(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[server]\nport = 8123\n")
+    settings = load_settings(None, environ={"AIRGATE_CONFIG": str(path)})
+    assert settings.server.port == 8123
+
+
+def test_environment_values_are_parsed_as_toml_scalars() -> None:
+    settings = load_settings(
+        None,
+        environ={
+            "AIRGATE_SERVER__PORT": "9001",
+            "AIRGATE_ENGINE__SLOTS": "8",
+            "AIRGATE_SERVER__HOST": "0.0.0.0",  # not TOML: taken as text
+            "AIRGATE_SERVER__LOG_LEVEL": '"warning"',
+        },
+    )
+    assert settings.server.port == 9001
+    assert isinstance(settings.server.port, int)
+    assert settings.engine.slots == 8
+    assert isinstance(settings.engine.slots, int)
+    assert settings.server.host == "0.0.0.0"
+    assert settings.server.log_level == "warning"
+
+
+def test_unrelated_environment_variables_are_ignored() -> None:
+    settings = load_settings(None, environ={"PATH": "/bin", "AIRGATEWAY": "x", "HOME": "/root"})
+    assert settings.server.port == 8000
+
+
+def test_data_dir_from_the_environment(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'data_dir = "/from/file"\n')
+    settings = load_settings(path, environ={"AIRGATE_DATA_DIR": "/from/env"})
+    assert settings.data_dir == "/from/env"
+
+
+def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[server]\nport = 1111\nhost = "file-host"\n[engine]\nslots = 3\n')
+    environ = {"AIRGATE_SERVER__PORT": "2222", "AIRGATE_ENGINE__SLOTS": "5"}
+
+    file_only = load_settings(path, environ=NO_ENV)
+    assert (file_only.server.port, file_only.engine.slots) == (1111, 3)
+
+    with_env = load_settings(path, environ=environ)
+    assert (with_env.server.port, with_env.engine.slots) == (2222, 5)
+    assert with_env.server.host == "file-host"  # untouched keys keep the file's value
+
+    with_flags = load_settings(path, environ=environ, overrides={"server.port": 3333})
+    assert (with_flags.server.port, with_flags.engine.slots) == (3333, 5)
+
+
+def test_a_flag_left_unset_does_not_override() -> None:
+    settings = load_settings(
+        None, environ={"AIRGATE_SERVER__PORT": "2222"}, overrides={"server.port": None}
+    )
+    assert settings.server.port == 2222
+
+
+def test_settings_are_frozen() -> None:
+    settings = load_settings(None, environ=NO_ENV)
+    assert isinstance(settings, Settings)
+    with pytest.raises(AttributeError):
+        settings.server.port = 1  # type: ignore[misc,unused-ignore]
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[server]\nprot = 8000\n", "server.prot"),
+        ("[engine]\nslot = 8\n", "engine.slot"),
+        ("sever = 1\n", "sever"),
+        ('[[models]]\nid = "e"\nengine = "echo"\nalias = ["x"]\n', "models[0].alias"),
+    ],
+)
+def test_unknown_key_in_file_is_named(tmp_path: Path, text: str, key: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ=NO_ENV)
+    message = str(info.value)
+    assert key in message
+    assert "unknown key" in message
+    assert str(path) in message  # where it came from
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[server]\nport = 70000\n", "server.port"),
+        ("[server]\nport = -1\n", "server.port"),
+        ('[server]\nport = "8000"\n', "server.port"),
+        ('[server]\nlog_level = "verbose"\n', "server.log_level"),
+        ("[engine]\nslots = 0\n", "engine.slots"),
+        ("[engine]\ncontext_length = 10\n", "engine.context_length"),
+        ("server = 5\n", "server"),
+        ('[[models]]\nid = "bad id"\nengine = "echo"\n', "models[0].id"),
+        ('[[models]]\nid = "m"\nengine = "vllm"\n', "models[0].engine"),
+    ],
+)
+def test_bad_value_names_the_key(tmp_path: Path, text: str, key: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ=NO_ENV)
+    assert f"{key}:" in str(info.value)
+
+
+def test_bad_environment_value_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"server\.port") as info:
+        load_settings(None, environ={"AIRGATE_SERVER__PORT": "eighty"})
+    assert "environment" in str(info.value)
+
+
+def test_unknown_key_through_the_environment_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"server\.prot"):
+        load_settings(None, environ={"AIRGATE_SERVER__PROT": "1"})
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["AIRGATE_PORT", "AIRGATE_MODELS__ID", "AIRGATE_SERVER__TLS__CERT", "AIRGATE_DATADIR"],
+)
+def test_unknown_environment_variable_is_named(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, environ={name: "1"})
+    assert name in str(info.value)
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[server\nport = 1\n")
+    with pytest.raises(ConfigError, match="not valid TOML") as info:
+        load_settings(path, environ=NO_ENV)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match="does not exist") as info:
+        load_settings(path, environ=NO_ENV)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "models",
+    [
+        '[[models]]\nid = "a"\nengine = "echo"\n[[models]]\nid = "a"\nengine = "echo"\n',
+        '[[models]]\nid = "a"\nengine = "echo"\n[[models]]\nid = "b"\nengine = "echo"\n'
+        'aliases = ["a"]\n',
+        '[[models]]\nid = "a"\nengine = "echo"\naliases = ["x"]\n'
+        '[[models]]\nid = "b"\nengine = "echo"\naliases = ["x"]\n',
+        '[[models]]\nid = "a"\nengine = "echo"\naliases = ["a"]\n',
+    ],
+    ids=["id-id", "alias-id", "alias-alias", "own-alias"],
+)
+def test_duplicate_model_id_or_alias(tmp_path: Path, models: str) -> None:
+    path = _write(tmp_path, models)
+    with pytest.raises(ConfigError, match="declared twice"):
+        load_settings(path, environ=NO_ENV)
+
+
+def test_llamacpp_model_needs_a_path(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[[models]]\nid = "gemma"\n')  # llama.cpp is the default engine
+    with pytest.raises(ConfigError, match="path") as info:
+        load_settings(path, environ=NO_ENV)
+    assert "gemma" in str(info.value)
+
+
+def test_echo_model_needs_no_path(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[[models]]\nid = "echo"\nengine = "echo"\n')
+    assert load_settings(path, environ=NO_ENV).models[0].path is None
+
+
+def test_flag_into_a_section_that_is_not_a_table_is_a_config_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, "server = 5\n")
+    with pytest.raises(ConfigError, match="server"):
+        load_settings(path, environ=NO_ENV, overrides={"server.port": 9000})
