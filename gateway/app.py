@@ -43,7 +43,7 @@ def create_app(settings: Settings, *, registry: ModelRegistry | None = None) -> 
     metrics = Metrics(models)
     schema = openapi_document(_version())
 
-    @get("/openapi.json", sync_to_thread=False, include_in_schema=False)
+    @get("/openapi.json", include_in_schema=False)
     async def openapi() -> Response[Any]:
         return Response(schema, media_type="application/json")
 

@@ -19,7 +19,14 @@ from litestar import Request
 
 from backends.types import GenerationDelta, GenerationHandle, GenerationRequest, SamplingParams
 
-from ..errors import GatewayError, InternalError, InvalidRequest, UnsupportedParameter, error_body, translate_engine_errors
+from ..errors import (
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    UnsupportedParameter,
+    error_body,
+    translate_engine_errors,
+)
 from ..metrics import Metrics
 from ..registry import ServedModel
 from ..reqlog import RequestInfo

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
 from litestar.response import Stream
 
 from backends.types import ChatMessage, GenerationDelta, GenerationRequest, TokenLogprob
@@ -74,8 +75,8 @@ def _logprobs(items: tuple[TokenLogprob, ...]) -> list[t.TokenInfo]:
     ]
 
 
-@post("/v1/chat/completions", status_code=200, sync_to_thread=False)
-async def chat_completions(request: Request[Any, Any, Any], models: ModelRegistry, metrics: Metrics) -> Response[Any]:
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request[Any, Any, Any], models: NamedDependency[ModelRegistry], metrics: NamedDependency[Metrics]) -> Response[Any]:
     """Create a chat completion (OpenAI-compatible; streaming with `stream: true`)."""
     info = request_info(request.scope)
     body = decode(_decoder, await request.body())

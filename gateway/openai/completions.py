@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
 from litestar.response import Stream
 
 from backends.types import GenerationDelta, GenerationRequest, TokenLogprob
@@ -83,8 +84,8 @@ class _Logprobs:
             self.offset += len(text)
 
 
-@post("/v1/completions", status_code=200, sync_to_thread=False)
-async def completions(request: Request[Any, Any, Any], models: ModelRegistry, metrics: Metrics) -> Response[Any]:
+@post("/v1/completions", status_code=200)
+async def completions(request: Request[Any, Any, Any], models: NamedDependency[ModelRegistry], metrics: NamedDependency[Metrics]) -> Response[Any]:
     """Create a text completion (OpenAI-compatible legacy API)."""
     info = request_info(request.scope)
     body = decode(_decoder, await request.body())

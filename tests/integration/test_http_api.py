@@ -1,0 +1,269 @@
+"""The HTTP layer in-process (Litestar test client) over the echo engine and a failing engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+from litestar import Litestar
+from litestar.testing import TestClient
+
+from backends.echo import EchoEngine
+from backends.errors import EngineFailure
+from backends.types import EngineLoad, GenerationDelta, GenerationRequest
+from gateway.app import create_app
+from gateway.config import load_settings
+from gateway.registry import ModelRegistry, ServedModel
+
+CANARY = "CANARY-7f3a9d-do-not-log"
+
+
+class FailingEngine(EchoEngine):
+    """Streams one token, then fails the way a crashed engine does."""
+
+    name = "failing"
+
+    async def submit(self, request: GenerationRequest) -> Any:
+        inner = await super().submit(request)
+
+        class Handle:
+            prompt_tokens = inner.prompt_tokens
+
+            def cancel(self) -> None:
+                inner.cancel()
+
+            async def __aiter__(self) -> AsyncIterator[GenerationDelta]:
+                yield GenerationDelta(text=" first", n_tokens=1)
+                raise EngineFailure("llama_decode failed (-3)")
+
+        return Handle()
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(0, 0, 1, 0, 0.0)
+
+
+def make_app(**server: Any) -> Litestar:
+    settings = load_settings(None, environ={}, overrides={f"server.{k}": v for k, v in server.items()})
+    registry = ModelRegistry(
+        [ServedModel("echo", EchoEngine(context_length=512), aliases=["echo-alias"]), ServedModel("broken", FailingEngine())]
+    )
+    return create_app(settings, registry=registry)
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient[Litestar]]:
+    with TestClient(make_app(max_request_bytes=64 * 1024)) as c:
+        ready = c.get("/ready")
+        while ready.status_code != 200:  # engines start in the background
+            ready = c.get("/ready")
+        yield c
+
+
+def chat(**kw: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "echo", "messages": [{"role": "user", "content": CANARY}], "max_tokens": 4}
+    body.update(kw)
+    return body
+
+
+def assert_envelope(resp: Any, status: int, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"]
+    if code is not None:
+        assert err["code"] == code
+    if param is not None:
+        assert err["param"] == param
+    assert CANARY not in resp.text
+    return err
+
+
+def test_chat_non_stream_shape_and_usage(client: TestClient[Litestar]) -> None:
+    resp = client.post("/v1/chat/completions", json=chat())
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": " tok0 tok1 tok2 tok3"}
+    assert body["choices"][0]["finish_reason"] == "length"
+    usage = body["usage"]
+    assert usage["completion_tokens"] == 4 and usage["total_tokens"] == usage["prompt_tokens"] + 4
+    assert resp.headers["x-request-id"]
+
+
+def test_request_id_is_taken_from_the_client_when_well_formed(client: TestClient[Litestar]) -> None:
+    resp = client.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "abc-123"})
+    assert resp.headers["x-request-id"] == "abc-123"
+    assert resp.json()["id"] == "chatcmpl-abc-123"
+    bad = client.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "a b;" * 40})
+    assert bad.headers["x-request-id"] != "a b;" * 40
+
+
+def sse_events(text: str) -> list[str]:
+    assert text.endswith("\n\n")
+    events = [e for e in text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    return [e[len("data: ") :] for e in events]
+
+
+def test_chat_stream_with_usage(client: TestClient[Litestar]) -> None:
+    resp = client.post("/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True}))
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(resp.text)
+    assert events[-1] == "[DONE]"
+    chunks = [msgspec.json.decode(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert content == " tok0 tok1 tok2 tok3"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_stream_without_include_usage_has_no_usage_chunk(client: TestClient[Litestar]) -> None:
+    events = sse_events(client.post("/v1/chat/completions", json=chat(stream=True)).text)
+    chunks = [msgspec.json.decode(e) for e in events[:-1]]
+    assert all(c["usage"] is None for c in chunks)
+    assert all(c["choices"] for c in chunks)
+
+
+def test_stop_string_ends_with_stop(client: TestClient[Litestar]) -> None:
+    body = client.post("/v1/chat/completions", json=chat(max_tokens=10, stop=[" tok2"])).json()
+    assert body["choices"][0]["message"]["content"] == " tok0 tok1"
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_completions_with_a_list_of_prompts(client: TestClient[Litestar]) -> None:
+    body = client.post("/v1/completions", json={"model": "echo", "prompt": ["a", "b", "c"], "max_tokens": 2}).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert all(c["text"] == " tok0 tok1" for c in body["choices"])
+    assert body["usage"]["completion_tokens"] == 6
+
+
+def test_completions_stream_merges_choices(client: TestClient[Litestar]) -> None:
+    resp = client.post(
+        "/v1/completions",
+        json={"model": "echo", "prompt": ["a", "b"], "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    chunks = [msgspec.json.decode(e) for e in sse_events(resp.text)[:-1]]
+    texts = {0: "", 1: ""}
+    for c in chunks[:-1]:
+        for choice in c["choices"]:
+            texts[choice["index"]] += choice["text"]
+    assert texts == {0: " tok0 tok1 tok2", 1: " tok0 tok1 tok2"}
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_aliases_and_models_routes(client: TestClient[Litestar]) -> None:
+    ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
+    assert ids == ["echo", "echo-alias", "broken"]
+    assert client.get("/v1/models/echo-alias").json()["id"] == "echo-alias"
+    assert client.post("/v1/chat/completions", json=chat(model="echo-alias")).status_code == 200
+    assert_envelope(client.get("/v1/models/nope"), 404, "model_not_found")
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        (b"{not json", 400, None, None),
+        (b"[1, 2]", 400, None, None),
+        (msgspec.json.encode(chat(max_tokens="ten")), 400, None, "max_tokens"),
+        (msgspec.json.encode(chat(max_tokens=-1)), 400, None, "max_tokens"),
+        (msgspec.json.encode(chat(max_tokens=10**9)), 400, None, "max_tokens"),
+        (msgspec.json.encode(chat(max_tokens=100_000)), 400, "context_length_exceeded", "messages"),
+        (msgspec.json.encode(chat(n=2)), 400, "unsupported_parameter", "n"),
+        (msgspec.json.encode(chat(tools=[])), 400, "unsupported_parameter", "tools"),
+        (msgspec.json.encode(chat(temperature=5)), 400, None, "temperature"),
+        (msgspec.json.encode(chat(model="gpt-9")), 404, "model_not_found", "model"),
+        (msgspec.json.encode(chat(messages=[])), 400, None, "messages"),
+        (msgspec.json.encode(chat(messages=[{"role": CANARY, "content": "x"}])), 400, None, None),
+        (msgspec.json.encode(chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": CANARY}}]}])), 400, "unsupported_parameter", None),
+        (msgspec.json.encode(chat(messages=[{"role": "tool", "content": CANARY, "tool_call_id": "1"}])), 400, "unsupported_parameter", None),
+        (msgspec.json.encode(chat(stop=[CANARY, 3])), 400, None, None),
+        (msgspec.json.encode(chat(logit_bias={CANARY: 1})), 400, None, "logit_bias"),
+        (msgspec.json.encode(chat(top_logprobs=2)), 400, None, "top_logprobs"),
+        (msgspec.json.encode({"messages": [{"role": "user", "content": CANARY}]}), 400, None, "model"),
+    ],
+)
+def test_bad_chat_requests_get_the_openai_envelope(
+    client: TestClient[Litestar], body: bytes, status: int, code: str | None, param: str | None
+) -> None:
+    resp = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert_envelope(resp, status, code, param)
+
+
+def test_bad_completion_prompts(client: TestClient[Litestar]) -> None:
+    for prompt in ([], ["a", 1], [[1, 2], "b"], ["p"] * 17):
+        assert_envelope(client.post("/v1/completions", json={"model": "echo", "prompt": prompt}), 400, param="prompt")
+
+
+def test_body_over_the_limit_is_413(client: TestClient[Litestar]) -> None:
+    resp = client.post("/v1/chat/completions", json=chat(messages=[{"role": "user", "content": CANARY * 10_000}]))
+    assert_envelope(resp, 413, "request_too_large")
+
+
+def test_unknown_route_and_wrong_method(client: TestClient[Litestar]) -> None:
+    assert_envelope(client.get("/v1/nothing"), 404, "not_found")
+    assert_envelope(client.get("/v1/chat/completions"), 405, "method_not_allowed")
+
+
+def test_engine_failure_after_first_token_is_one_sse_error_event(client: TestClient[Litestar]) -> None:
+    resp = client.post("/v1/chat/completions", json=chat(model="broken", stream=True))
+    assert resp.status_code == 200
+    events = sse_events(resp.text)
+    assert "[DONE]" not in events
+    last = msgspec.json.decode(events[-1])
+    assert last["error"]["code"] == "internal_error"
+    assert "llama_decode" not in last["error"]["message"]
+    contents = [msgspec.json.decode(e)["choices"][0]["delta"].get("content") for e in events[:-1]]
+    assert " first" in contents
+
+
+def test_engine_failure_without_stream_is_500_envelope(client: TestClient[Litestar]) -> None:
+    assert_envelope(client.post("/v1/chat/completions", json=chat(model="broken")), 500, "internal_error")
+
+
+def test_health_ready_metrics_and_openapi(client: TestClient[Litestar]) -> None:
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/ready").status_code == 200
+    client.post("/v1/chat/completions", json=chat())
+    metrics = client.get("/metrics").text
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        'airgate_requests_total{route="/v1/chat/completions",status="200"}',
+    ):
+        assert name in metrics
+    doc = client.get("/openapi.json").json()
+    assert set(doc["paths"]) >= {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}"}
+    assert "ChatCompletionRequest" in doc["components"]["schemas"]
+
+
+def test_ready_is_503_until_engines_are_loaded() -> None:
+    app = make_app()
+    with TestClient(app) as c:
+        pass  # lifespan ran: engines started, then stopped on exit
+    registry = ModelRegistry([ServedModel("echo", EchoEngine())])
+    app = create_app(load_settings(None, environ={}), registry=registry)
+    client = TestClient(app)  # no lifespan: nothing loads
+    assert_envelope(client.get("/ready"), 503, "service_unavailable")
+    assert_envelope(client.post("/v1/chat/completions", json=chat()), 503, "service_unavailable")
+
+
+def test_no_content_in_logs(client: TestClient[Litestar], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("DEBUG")
+    client.post("/v1/chat/completions", json=chat(stop=[CANARY]))
+    client.post("/v1/chat/completions", json=chat(model="broken", stream=True))
+    client.post("/v1/chat/completions", json=chat(model="broken"))
+    client.post("/v1/chat/completions", json=chat(max_tokens="x"))
+    client.post("/v1/completions", json={"model": "echo", "prompt": CANARY, "echo": True})
+    lines = [r for r in caplog.records if r.name == "airgate.request"]
+    assert len(lines) == 5
+    assert all(CANARY not in r.getMessage() and CANARY not in str(getattr(r, "fields", "")) for r in caplog.records)
+    assert all(CANARY not in (r.exc_text or "") for r in caplog.records)
