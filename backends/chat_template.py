@@ -73,7 +73,7 @@ class ChatTemplate:
         # segments.  A marker is private-use text plus a per-call random tag.
         tag = secrets.token_hex(8)
         marks = [f"\ue000{tag}:{i}\ue001" for i in range(len(messages))]
-        proxies = [{"role": m.role, "content": mark} for m, mark in zip(messages, marks)]
+        proxies = [{"role": m.role, "content": mark} for m, mark in zip(messages, marks, strict=True)]
         try:
             rendered = self._template.render(
                 messages=proxies,
@@ -89,7 +89,7 @@ class ChatTemplate:
             ) from exc
         segments: list[PromptSegment] = []
         rest = rendered
-        lookup = {mark: m.content for mark, m in zip(marks, messages)}
+        lookup = {mark: m.content for mark, m in zip(marks, messages, strict=True)}
         prefix = f"\ue000{tag}:"
         while rest:
             start = rest.find(prefix)

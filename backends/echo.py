@@ -21,7 +21,9 @@ _PIECES = tuple(f" tok{i}" for i in range(16))
 class _EchoHandle:
     __slots__ = ("_cancelled", "_engine", "_max_tokens", "_prompt_tokens", "_request")
 
-    def __init__(self, engine: EchoEngine, request: GenerationRequest, prompt_tokens: int, max_tokens: int) -> None:
+    def __init__(
+        self, engine: EchoEngine, request: GenerationRequest, prompt_tokens: int, max_tokens: int
+    ) -> None:
         self._engine = engine
         self._request = request
         self._prompt_tokens = prompt_tokens
@@ -43,7 +45,9 @@ class _EchoHandle:
             n = self._max_tokens
             for i in range(n):
                 if self._cancelled:
-                    yield GenerationDelta(finish_reason="abort", usage=Usage(self._prompt_tokens, i))
+                    yield GenerationDelta(
+                        finish_reason="abort", usage=Usage(self._prompt_tokens, i)
+                    )
                     return
                 text, stopped = stop.feed(_PIECES[i % len(_PIECES)])
                 if stopped or i == n - 1:
@@ -94,6 +98,8 @@ class EchoEngine:
         max_tokens = request.max_tokens or 16
         if prompt_tokens + max_tokens > self._context_length:
             raise ContextLengthExceeded(
-                prompt_tokens=prompt_tokens, max_tokens=max_tokens, context_length=self._context_length
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens,
+                context_length=self._context_length,
             )
         return _EchoHandle(self, request, prompt_tokens, max_tokens)

@@ -130,5 +130,3 @@ class Engine(Protocol):
 
     @property
     def context_length(self) -> int: ...
-
-

@@ -60,7 +60,16 @@ def create_app(settings: Settings, *, registry: ModelRegistry | None = None) -> 
             await stop_engines(models)
 
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, get_model, health, ready, metrics_route, openapi],
+        route_handlers=[
+            chat_completions,
+            completions,
+            list_models,
+            get_model,
+            health,
+            ready,
+            metrics_route,
+            openapi,
+        ],
         dependencies={
             "models": Provide(lambda: models, use_cache=True, sync_to_thread=False),
             "metrics": Provide(lambda: metrics, use_cache=True, sync_to_thread=False),

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import os
-import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -36,7 +35,10 @@ def _lock_data_dir(data_dir: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise _fail(f"data directory {data_dir} is in use by another airgate process; give each instance its own --data-dir") from None
+        raise _fail(
+            f"data directory {data_dir} is in use by another airgate process; "
+            "give each instance its own --data-dir"
+        ) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
@@ -44,13 +46,23 @@ def _lock_data_dir(data_dir: Path) -> int:
 
 @app.command()
 def serve(
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help=f"airgate.toml (also ${env.CONFIG}).")] = None,  # noqa: UP007
-    host: Annotated[Optional[str], typer.Option(help="Address to bind (default 127.0.0.1).")] = None,  # noqa: UP007
-    port: Annotated[Optional[int], typer.Option(help="Port (default 8000; 0 picks a free one).")] = None,  # noqa: UP007
-    data_dir: Annotated[
-        Optional[Path], typer.Option("--data-dir", help=f"Data directory (also ${env.DATA_DIR}; default under the user's data home).")  # noqa: UP007
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help=f"airgate.toml (also ${env.CONFIG}).")
     ] = None,
-    log_level: Annotated[Optional[str], typer.Option(help="debug, info, warning or error.")] = None,  # noqa: UP007
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind (default 127.0.0.1).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port (default 8000; 0 picks a free one).")
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--data-dir",
+            help=f"Data directory (also ${env.DATA_DIR}; default under the user's data home).",
+        ),
+    ] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
 ) -> None:
     """Serve the OpenAI-compatible API.  With no configuration, serves Gemma 3 270M on llama.cpp."""
     try:
@@ -116,4 +128,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

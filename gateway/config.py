@@ -18,7 +18,14 @@ from msgspec import Meta, Struct
 
 from . import env
 
-__all__ = ["ConfigError", "EngineSettings", "ModelSettings", "ServerSettings", "Settings", "load_settings"]
+__all__ = [
+    "ConfigError",
+    "EngineSettings",
+    "ModelSettings",
+    "ServerSettings",
+    "Settings",
+    "load_settings",
+]
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[int, Meta(ge=1)]
@@ -32,7 +39,7 @@ class _Section(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     pass
 
 
-class ServerSettings(_Section):
+class ServerSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: Port = 8000
     max_request_bytes: Annotated[int, Meta(ge=1024, le=256 * 1024 * 1024)] = 4 * 1024 * 1024
@@ -40,7 +47,7 @@ class ServerSettings(_Section):
     shutdown_grace_s: Annotated[float, Meta(ge=0)] = 10.0
 
 
-class EngineSettings(_Section):
+class EngineSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Defaults for every llama.cpp model (a model entry may override each)."""
 
     slots: Annotated[int, Meta(ge=1, le=256)] = 4
@@ -50,8 +57,10 @@ class EngineSettings(_Section):
     n_threads: Annotated[int, Meta(ge=1, le=1024)] | None = None
 
 
-class ModelSettings(_Section):
-    id: Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+class ModelSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    id: Annotated[
+        str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    ]
     engine: Literal["llama.cpp", "echo"] = "llama.cpp"
     path: str | None = None  # GGUF file (llama.cpp); bundles replace this
     aliases: list[str] = []
@@ -63,7 +72,7 @@ class ModelSettings(_Section):
     n_threads: Annotated[int, Meta(ge=1, le=1024)] | None = None
 
 
-class Settings(_Section):
+class Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     data_dir: str = ""  # filled by load_settings when empty
     server: ServerSettings = ServerSettings()
     engine: EngineSettings = EngineSettings()
@@ -136,7 +145,9 @@ def load_settings(
     try:
         settings = msgspec.convert(raw, Settings)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid configuration ({source} + environment): {_describe(exc)}") from None
+        raise ConfigError(
+            f"invalid configuration ({source} + environment): {_describe(exc)}"
+        ) from None
     if not settings.data_dir:
         settings = msgspec.structs.replace(settings, data_dir=str(default_data_dir()))
     _check_models(settings)

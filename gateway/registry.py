@@ -32,7 +32,9 @@ class ModelRegistry:
         model = self._by_name.get(name)
         if model is None:
             # The name is the client's own input but not content; still, do not repeat it.
-            raise ModelNotFound("the model does not exist or you do not have access to it", param="model")
+            raise ModelNotFound(
+                "the model does not exist or you do not have access to it", param="model"
+            )
         return model
 
     def names(self) -> list[str]:

@@ -13,6 +13,7 @@ import secrets
 import time
 from typing import Any
 
+from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from .metrics import Metrics
@@ -59,7 +60,7 @@ class RequestLogMiddleware:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
@@ -83,7 +84,9 @@ class RequestLogMiddleware:
 
     def _log(self, scope: Scope, info: RequestInfo, status: int, elapsed: float) -> None:
         path: str = scope.get("path", "")
-        self.metrics.requests.labels(path if path.startswith("/v1/") else "other", str(status)).inc()
+        self.metrics.requests.labels(
+            path if path.startswith("/v1/") else "other", str(status)
+        ).inc()
         fields: dict[str, Any] = {
             "request_id": info.request_id,
             "method": scope.get("method"),

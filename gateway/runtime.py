@@ -39,10 +39,8 @@ def _engine(settings: Settings, model: ModelSettings, data_dir: Path) -> Engine:
     if model.engine == "echo":
         _log.warning("model %s is served by the echo engine (for HTTP benchmarks only)", model.id)
         return EchoEngine(context_length=model.context_length or settings.engine.context_length)
-    if model.path:
-        path = model.path
-    else:  # only the embedded default has no path
-        path = str(ensure_default_model(data_dir))
+    # only the embedded default has no path
+    path = model.path or str(ensure_default_model(data_dir))
     return LlamaCppEngine(path, _llamacpp_options(settings, model))
 
 
@@ -50,7 +48,9 @@ def build_registry(settings: Settings) -> ModelRegistry:
     """Engines for every configured model (none started yet); the default when none is."""
     data_dir = Path(settings.data_dir)
     models = settings.models or [ModelSettings(id=DEFAULT_MODEL_ID, engine="llama.cpp")]
-    return ModelRegistry(ServedModel(m.id, _engine(settings, m, data_dir), m.aliases) for m in models)
+    return ModelRegistry(
+        ServedModel(m.id, _engine(settings, m, data_dir), m.aliases) for m in models
+    )
 
 
 async def start_engines(registry: ModelRegistry) -> None:

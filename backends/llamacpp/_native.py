@@ -31,7 +31,9 @@ _initialised = False
 def _on_native_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     # llama.cpp logs load-time facts (tensor counts, cache sizes), never token text.
     if text:
-        _log.log(_GGML_LEVELS.get(level, logging.DEBUG), "%s", text.decode("utf-8", "replace").rstrip())
+        _log.log(
+            _GGML_LEVELS.get(level, logging.DEBUG), "%s", text.decode("utf-8", "replace").rstrip()
+        )
 
 
 def init_backend() -> None:
@@ -110,7 +112,14 @@ class Context:
     """
 
     def __init__(
-        self, model: Model, *, n_seq: int, n_ctx_seq: int, n_batch: int, n_threads: int, unified: bool = True
+        self,
+        model: Model,
+        *,
+        n_seq: int,
+        n_ctx_seq: int,
+        n_batch: int,
+        n_threads: int,
+        unified: bool = True,
     ) -> None:
         params = ll.llama_context_default_params()
         params.n_ctx = n_seq * n_ctx_seq
@@ -166,7 +175,9 @@ class Batch:
         self.n = 0
         self.raw.n_tokens = 0
 
-    def add(self, tokens: Sequence[int], start_pos: int, seq: int, logits: bool | Sequence[bool]) -> int:
+    def add(
+        self, tokens: Sequence[int], start_pos: int, seq: int, logits: bool | Sequence[bool]
+    ) -> int:
         """Append tokens of one sequence; returns the batch index of the first one."""
         i, k = self.n, len(tokens)
         self._token[i : i + k] = tokens
@@ -193,7 +204,7 @@ class Sampler:
         if params.logit_bias:
             arr = (ll.llama_logit_bias * len(params.logit_bias))()
             for j, (tok, bias) in enumerate(params.logit_bias):
-                arr[j].token = tok
+                arr[j].token = tok  # type: ignore[assignment]
                 arr[j].bias = bias
             add(ll.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), arr))
         if (

@@ -29,7 +29,9 @@ __all__ = ["Scheduler", "Sequence"]
 
 _log = logging.getLogger("airgate.llamacpp")
 
-Outbox = list[tuple[asyncio.Queue[GenerationDelta | BaseException], GenerationDelta | BaseException]]
+Outbox = list[
+    tuple[asyncio.Queue[GenerationDelta | BaseException], GenerationDelta | BaseException]
+]
 
 
 class Sequence:
@@ -292,11 +294,15 @@ class Scheduler:
         text, stopped = seq.stop.feed(seq.utf8.feed(model.piece(token)))
         if stopped:
             self._release(seq)
-            outbox.append((seq.out, self._final(seq, "stop", text, logprobs, prompt_text, prompt_lp)))
+            outbox.append(
+                (seq.out, self._final(seq, "stop", text, logprobs, prompt_text, prompt_lp))
+            )
         elif seq.generated >= seq.max_tokens:
             self._release(seq)
             tail = text + seq.stop.feed(seq.utf8.flush())[0] + seq.stop.flush()
-            outbox.append((seq.out, self._final(seq, "length", tail, logprobs, prompt_text, prompt_lp)))
+            outbox.append(
+                (seq.out, self._final(seq, "length", tail, logprobs, prompt_text, prompt_lp))
+            )
         else:
             delta = GenerationDelta(
                 text=text,
@@ -334,10 +340,10 @@ class Scheduler:
             self._pending.clear()
         for seq in waiting:
             outbox.append((seq.out, exc))
-        for seq in self._slots:
-            if seq is not None:
-                self._release(seq)
-                outbox.append((seq.out, exc))
+        for running in self._slots:
+            if running is not None:
+                self._release(running)
+                outbox.append((running.out, exc))
         if outbox and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(_deliver, outbox)
 

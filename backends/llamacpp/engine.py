@@ -86,12 +86,18 @@ class LlamaCppEngine:
         await asyncio.to_thread(self._load)
         assert self._ctx is not None
         self._scheduler = Scheduler(
-            self._ctx, n_slots=opts.slots, max_waiting=opts.max_waiting, loop=asyncio.get_running_loop()
+            self._ctx,
+            n_slots=opts.slots,
+            max_waiting=opts.max_waiting,
+            loop=asyncio.get_running_loop(),
         )
         self._scheduler.start()
         _log.info(
             "llama.cpp engine ready: %d slots x %d tokens, batch %d, %d threads",
-            opts.slots, self._ctx.n_ctx_seq, self._ctx.n_batch, self.n_threads,
+            opts.slots,
+            self._ctx.n_ctx_seq,
+            self._ctx.n_batch,
+            self.n_threads,
         )
 
     def _load(self) -> None:
@@ -123,7 +129,9 @@ class LlamaCppEngine:
             return EngineLoad(0, 0, opts.slots, opts.max_waiting, 0.0)
         running, waiting = self._scheduler.counts()
         total = opts.slots * self.context_length
-        return EngineLoad(running, waiting, opts.slots, opts.max_waiting, self._scheduler.kv_tokens / total)
+        return EngineLoad(
+            running, waiting, opts.slots, opts.max_waiting, self._scheduler.kv_tokens / total
+        )
 
     def tokenize_prompt(self, request: GenerationRequest) -> tuple[list[int], str | None]:
         """The request's prompt tokens (and its text, for echo).  Thread-safe."""
@@ -136,8 +144,8 @@ class LlamaCppEngine:
             )
         if request.messages is not None:
             tokens: list[int] = []
-            for text, is_content in self._template.render(request.messages):
-                tokens += model.tokenize(text, add_special=False, parse_special=not is_content)
+            for part, is_content in self._template.render(request.messages):
+                tokens += model.tokenize(part, add_special=False, parse_special=not is_content)
             return tokens, None
         if request.prompt_tokens is not None:
             bad = [t for t in request.prompt_tokens if not 0 <= t < model.n_vocab]
@@ -146,9 +154,11 @@ class LlamaCppEngine:
                     f"prompt token ids must be in [0, {model.n_vocab}); got {len(bad)} outside",
                     param="prompt",
                 )
-            text = None
+            text: str | None = None
             if request.echo_prompt:
-                text = b"".join(model.piece(t) for t in request.prompt_tokens).decode("utf-8", "replace")
+                text = b"".join(model.piece(t) for t in request.prompt_tokens).decode(
+                    "utf-8", "replace"
+                )
             return list(request.prompt_tokens), text
         prompt = request.prompt or ""
         return model.tokenize(prompt, add_special=True, parse_special=True), prompt

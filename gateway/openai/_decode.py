@@ -41,7 +41,9 @@ def _translate(text: str) -> InvalidRequest:
     if message.startswith("Object contains unknown field"):
         found = _FIELD.search(message)
         if found is None:
-            return UnsupportedParameter("The request contains a parameter this server does not support.", param=param)
+            return UnsupportedParameter(
+                "The request contains a parameter this server does not support.", param=param
+            )
         name = found.group(1)
         full = f"{param}.{name}" if param else name
         return UnsupportedParameter(
@@ -58,5 +60,7 @@ def _translate(text: str) -> InvalidRequest:
     # msgspec's "Expected `int` >= 1" / "Expected `str`, got `int`" name only types and bounds;
     # any message that quotes something may be quoting the client's value, so it is not used.
     if message.startswith("Expected") and "'" not in message and '"' not in message:
-        return InvalidRequest(f"Invalid value for {target}: {message.replace('`', '')}.", param=param)
+        return InvalidRequest(
+            f"Invalid value for {target}: {message.replace('`', '')}.", param=param
+        )
     return InvalidRequest(f"Invalid value for {target}.", param=param)

@@ -52,11 +52,16 @@ def sse(payload: msgspec.Struct) -> bytes:
 def sampling_params(body: Any) -> SamplingParams:
     """Sampling from the fields chat and completions share (validated ranges already)."""
     if body.n != 1:
-        raise UnsupportedParameter("n > 1 is not supported: send one request per choice.", param="n")
+        raise UnsupportedParameter(
+            "n > 1 is not supported: send one request per choice.", param="n"
+        )
     bias: list[tuple[int, float]] = []
     for key, value in (body.logit_bias or {}).items():
         if not _TOKEN_ID.fullmatch(key):
-            raise InvalidRequest("logit_bias keys must be token ids (decimal integers as strings).", param="logit_bias")
+            raise InvalidRequest(
+                "logit_bias keys must be token ids (decimal integers as strings).",
+                param="logit_bias",
+            )
         bias.append((int(key), float(value)))
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,

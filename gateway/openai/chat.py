@@ -31,14 +31,18 @@ def _messages(body: t.ChatCompletionRequest) -> tuple[ChatMessage, ...]:
     out = []
     for i, m in enumerate(body.messages):
         if isinstance(m, t.ToolMessage):
-            raise UnsupportedParameter("tool messages are not supported (this server has no tool calling).", param=f"messages[{i}].role")
+            raise UnsupportedParameter(
+                "tool messages are not supported (this server has no tool calling).",
+                param=f"messages[{i}].role",
+            )
         content = m.content
         if not isinstance(content, str):
             texts = []
             for j, part in enumerate(content):
                 if not isinstance(part, t.TextPart):
                     raise UnsupportedParameter(
-                        "only text content parts are supported by this model.", param=f"messages[{i}].content[{j}].type"
+                        "only text content parts are supported by this model.",
+                        param=f"messages[{i}].content[{j}].type",
                     )
                 texts.append(part.text)
             content = "\n".join(texts)
@@ -50,9 +54,17 @@ def _to_engine(body: t.ChatCompletionRequest, request_id: str) -> GenerationRequ
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs requires logprobs to be true.", param="top_logprobs")
     if body.stream_options is not None and not body.stream:
-        raise InvalidRequest("stream_options is only allowed when stream is true.", param="stream_options")
-    if body.max_tokens and body.max_completion_tokens and body.max_tokens != body.max_completion_tokens:
-        raise InvalidRequest("max_tokens and max_completion_tokens disagree; send one.", param="max_tokens")
+        raise InvalidRequest(
+            "stream_options is only allowed when stream is true.", param="stream_options"
+        )
+    if (
+        body.max_tokens
+        and body.max_completion_tokens
+        and body.max_tokens != body.max_completion_tokens
+    ):
+        raise InvalidRequest(
+            "max_tokens and max_completion_tokens disagree; send one.", param="max_tokens"
+        )
     return GenerationRequest(
         request_id=request_id,
         messages=_messages(body),
@@ -69,14 +81,20 @@ def _logprobs(items: tuple[TokenLogprob, ...]) -> list[t.TokenInfo]:
             token=lp.text.decode("utf-8", "replace"),
             logprob=lp.logprob if lp.logprob is not None else 0.0,
             bytes=list(lp.text),
-            top_logprobs=[t.TopTokenInfo(txt.decode("utf-8", "replace"), v, list(txt)) for _, txt, v in lp.top],
+            top_logprobs=[
+                t.TopTokenInfo(txt.decode("utf-8", "replace"), v, list(txt)) for _, txt, v in lp.top
+            ],
         )
         for lp in items
     ]
 
 
 @post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request[Any, Any, Any], models: NamedDependency[ModelRegistry], metrics: NamedDependency[Metrics]) -> Response[Any]:
+async def chat_completions(
+    request: Request[Any, Any, Any],
+    models: NamedDependency[ModelRegistry],
+    metrics: NamedDependency[Metrics],
+) -> Response[Any]:
     """Create a chat completion (OpenAI-compatible; streaming with `stream: true`)."""
     info = request_info(request.scope)
     body = decode(_decoder, await request.body())
@@ -136,7 +154,11 @@ async def _stream(
     yield chunk([t.ChunkChoice(0, t.Delta(role="assistant", content=""))])
     try:
         async for _, delta in run.deltas():
-            logprobs = t.ChatLogprobs(_logprobs(delta.logprobs)) if want_logprobs and delta.logprobs else None
+            logprobs = (
+                t.ChatLogprobs(_logprobs(delta.logprobs))
+                if want_logprobs and delta.logprobs
+                else None
+            )
             if delta.text or logprobs is not None:
                 yield chunk([t.ChunkChoice(0, t.Delta(content=delta.text), None, logprobs)])
             if delta.finish_reason is not None:

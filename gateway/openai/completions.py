@@ -34,17 +34,21 @@ def _prompts(prompt: t.Prompt) -> list[str | tuple[int, ...]]:
     if not prompt:
         raise InvalidRequest("prompt must not be an empty list.", param="prompt")
     if all(isinstance(p, int) for p in prompt):
-        return [tuple(prompt)]  # type: ignore[arg-type]
+        return [tuple(p for p in prompt if isinstance(p, int))]
     if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
         if len(prompt) > MAX_PROMPTS:
             raise InvalidRequest(f"at most {MAX_PROMPTS} prompts per request.", param="prompt")
-        return [p if isinstance(p, str) else tuple(p) for p in prompt]  # type: ignore[misc]
-    raise InvalidRequest("prompt must be a string, a list of strings, or token ids.", param="prompt")
+        return [p if isinstance(p, str) else tuple(p) for p in prompt if not isinstance(p, int)]
+    raise InvalidRequest(
+        "prompt must be a string, a list of strings, or token ids.", param="prompt"
+    )
 
 
 def _to_engine(body: t.CompletionRequest, request_id: str) -> list[GenerationRequest]:
     if body.stream_options is not None and not body.stream:
-        raise InvalidRequest("stream_options is only allowed when stream is true.", param="stream_options")
+        raise InvalidRequest(
+            "stream_options is only allowed when stream is true.", param="stream_options"
+        )
     sampling = sampling_params(body)
     out = []
     for i, prompt in enumerate(_prompts(body.prompt)):
@@ -78,14 +82,20 @@ class _Logprobs:
             v.tokens.append(text)
             v.token_logprobs.append(lp.logprob)
             v.top_logprobs.append(
-                None if lp.logprob is None else {x.decode("utf-8", "replace"): p for _, x, p in lp.top}
+                None
+                if lp.logprob is None
+                else {x.decode("utf-8", "replace"): p for _, x, p in lp.top}
             )
             v.text_offset.append(self.offset)
             self.offset += len(text)
 
 
 @post("/v1/completions", status_code=200)
-async def completions(request: Request[Any, Any, Any], models: NamedDependency[ModelRegistry], metrics: NamedDependency[Metrics]) -> Response[Any]:
+async def completions(
+    request: Request[Any, Any, Any],
+    models: NamedDependency[ModelRegistry],
+    metrics: NamedDependency[Metrics],
+) -> Response[Any]:
     """Create a text completion (OpenAI-compatible legacy API)."""
     info = request_info(request.scope)
     body = decode(_decoder, await request.body())
@@ -158,7 +168,9 @@ async def _stream(
                 completion_tokens += delta.usage.completion_tokens
                 pending -= 1
                 if pending == 0 and include_usage:
-                    usage = t.UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+                    usage = t.UsageInfo(
+                        prompt_tokens, completion_tokens, prompt_tokens + completion_tokens
+                    )
                     yield sse(t.Completion(response_id, created, model, [], usage))
     except Exception as exc:
         yield run.stream_error(exc)

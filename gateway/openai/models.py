@@ -18,7 +18,12 @@ _encode = msgspec.json.Encoder().encode
 
 
 def _card(name: str, model: ServedModel) -> t.Model:
-    return t.Model(id=name, created=model.created, owned_by="airgate", max_model_len=model.engine.context_length)
+    return t.Model(
+        id=name,
+        created=model.created,
+        owned_by="airgate",
+        max_model_len=model.engine.context_length,
+    )
 
 
 @get("/v1/models")
@@ -29,7 +34,9 @@ async def list_models(models: NamedDependency[ModelRegistry]) -> Response[Any]:
 
 
 @get("/v1/models/{model_id:path}")
-async def get_model(model_id: FromPath[str], models: NamedDependency[ModelRegistry]) -> Response[Any]:
+async def get_model(
+    model_id: FromPath[str], models: NamedDependency[ModelRegistry]
+) -> Response[Any]:
     """One model by id or alias."""
     name = model_id.lstrip("/")
     return Response(_encode(_card(name, models.resolve(name))), media_type="application/json")

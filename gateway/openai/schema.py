@@ -43,7 +43,9 @@ def openapi_document(version: str) -> dict[str, Any]:
         t.Model,
         ErrorEnvelope,
     )
-    _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    _, components = msgspec.json.schema_components(
+        types, ref_template="#/components/schemas/{name}"
+    )
     sse = {"text/event-stream": {"schema": {"type": "string"}}}
 
     def generate(summary: str, req: str, resp: str) -> dict[str, Any]:
@@ -52,38 +54,77 @@ def openapi_document(version: str) -> dict[str, Any]:
                 "summary": summary,
                 "requestBody": {"required": True, "content": _json(req)},
                 "responses": {
-                    "200": {"description": "The result, or an SSE stream when stream=true", "content": {**_json(resp), **sse}},
+                    "200": {
+                        "description": "The result, or an SSE stream when stream=true",
+                        "content": {**_json(resp), **sse},
+                    },
                     **_errors("400", "404", "413", "429", "503"),
                 },
             }
         }
 
-    plain = {"application/json": {"schema": {"type": "object", "properties": {"status": {"type": "string"}}}}}
+    plain = {
+        "application/json": {
+            "schema": {"type": "object", "properties": {"status": {"type": "string"}}}
+        }
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": "airgate", "version": version},
         "paths": {
-            "/v1/chat/completions": generate("Create a chat completion", "ChatCompletionRequest", "ChatCompletion"),
-            "/v1/completions": generate("Create a text completion", "CompletionRequest", "Completion"),
-            "/v1/models": {"get": {"summary": "List models", "responses": {"200": {"description": "Models", "content": _json("ModelList")}}}},
+            "/v1/chat/completions": generate(
+                "Create a chat completion", "ChatCompletionRequest", "ChatCompletion"
+            ),
+            "/v1/completions": generate(
+                "Create a text completion", "CompletionRequest", "Completion"
+            ),
+            "/v1/models": {
+                "get": {
+                    "summary": "List models",
+                    "responses": {"200": {"description": "Models", "content": _json("ModelList")}},
+                }
+            },
             "/v1/models/{model}": {
                 "get": {
                     "summary": "Retrieve a model",
-                    "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-                    "responses": {"200": {"description": "The model", "content": _json("Model")}, **_errors("404")},
+                    "parameters": [
+                        {
+                            "name": "model",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {
+                        "200": {"description": "The model", "content": _json("Model")},
+                        **_errors("404"),
+                    },
                 }
             },
-            "/health": {"get": {"summary": "Liveness", "responses": {"200": {"description": "Alive", "content": plain}}}},
+            "/health": {
+                "get": {
+                    "summary": "Liveness",
+                    "responses": {"200": {"description": "Alive", "content": plain}},
+                }
+            },
             "/ready": {
                 "get": {
                     "summary": "Readiness",
-                    "responses": {"200": {"description": "Ready", "content": plain}, **_errors("503")},
+                    "responses": {
+                        "200": {"description": "Ready", "content": plain},
+                        **_errors("503"),
+                    },
                 }
             },
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics",
-                    "responses": {"200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+                    "responses": {
+                        "200": {
+                            "description": "Metrics",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
                 }
             },
         },

@@ -253,4 +253,3 @@ class Model(Struct):
 class ModelList(Struct):
     data: list[Model]
     object: Literal["list"] = "list"
-

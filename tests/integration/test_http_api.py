@@ -45,9 +45,14 @@ class FailingEngine(EchoEngine):
 
 
 def make_app(**server: Any) -> Litestar:
-    settings = load_settings(None, environ={}, overrides={f"server.{k}": v for k, v in server.items()})
+    settings = load_settings(
+        None, environ={}, overrides={f"server.{k}": v for k, v in server.items()}
+    )
     registry = ModelRegistry(
-        [ServedModel("echo", EchoEngine(context_length=512), aliases=["echo-alias"]), ServedModel("broken", FailingEngine())]
+        [
+            ServedModel("echo", EchoEngine(context_length=512), aliases=["echo-alias"]),
+            ServedModel("broken", FailingEngine()),
+        ]
     )
     return create_app(settings, registry=registry)
 
@@ -62,12 +67,18 @@ def client() -> Iterator[TestClient[Litestar]]:
 
 
 def chat(**kw: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "echo", "messages": [{"role": "user", "content": CANARY}], "max_tokens": 4}
+    body: dict[str, Any] = {
+        "model": "echo",
+        "messages": [{"role": "user", "content": CANARY}],
+        "max_tokens": 4,
+    }
     body.update(kw)
     return body
 
 
-def assert_envelope(resp: Any, status: int, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+def assert_envelope(
+    resp: Any, status: int, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
     assert resp.status_code == status, resp.text
     assert resp.headers["content-type"].startswith("application/json")
     err = resp.json()["error"]
@@ -109,7 +120,9 @@ def sse_events(text: str) -> list[str]:
 
 
 def test_chat_stream_with_usage(client: TestClient[Litestar]) -> None:
-    resp = client.post("/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True}))
+    resp = client.post(
+        "/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True})
+    )
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/event-stream")
     events = sse_events(resp.text)
@@ -136,7 +149,9 @@ def test_stop_string_ends_with_stop(client: TestClient[Litestar]) -> None:
 
 
 def test_completions_with_a_list_of_prompts(client: TestClient[Litestar]) -> None:
-    body = client.post("/v1/completions", json={"model": "echo", "prompt": ["a", "b", "c"], "max_tokens": 2}).json()
+    body = client.post(
+        "/v1/completions", json={"model": "echo", "prompt": ["a", "b", "c"], "max_tokens": 2}
+    ).json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     assert all(c["text"] == " tok0 tok1" for c in body["choices"])
     assert body["usage"]["completion_tokens"] == 6
@@ -145,7 +160,13 @@ def test_completions_with_a_list_of_prompts(client: TestClient[Litestar]) -> Non
 def test_completions_stream_merges_choices(client: TestClient[Litestar]) -> None:
     resp = client.post(
         "/v1/completions",
-        json={"model": "echo", "prompt": ["a", "b"], "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}},
+        json={
+            "model": "echo",
+            "prompt": ["a", "b"],
+            "max_tokens": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
     )
     chunks = [msgspec.json.decode(e) for e in sse_events(resp.text)[:-1]]
     texts = {0: "", 1: ""}
@@ -179,28 +200,62 @@ def test_aliases_and_models_routes(client: TestClient[Litestar]) -> None:
         (msgspec.json.encode(chat(model="gpt-9")), 404, "model_not_found", "model"),
         (msgspec.json.encode(chat(messages=[])), 400, None, "messages"),
         (msgspec.json.encode(chat(messages=[{"role": CANARY, "content": "x"}])), 400, None, None),
-        (msgspec.json.encode(chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": CANARY}}]}])), 400, "unsupported_parameter", None),
-        (msgspec.json.encode(chat(messages=[{"role": "tool", "content": CANARY, "tool_call_id": "1"}])), 400, "unsupported_parameter", None),
+        (
+            msgspec.json.encode(
+                chat(
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": [{"type": "image_url", "image_url": {"url": CANARY}}],
+                        }
+                    ]
+                )
+            ),
+            400,
+            "unsupported_parameter",
+            None,
+        ),
+        (
+            msgspec.json.encode(
+                chat(messages=[{"role": "tool", "content": CANARY, "tool_call_id": "1"}])
+            ),
+            400,
+            "unsupported_parameter",
+            None,
+        ),
         (msgspec.json.encode(chat(stop=[CANARY, 3])), 400, None, None),
         (msgspec.json.encode(chat(logit_bias={CANARY: 1})), 400, None, "logit_bias"),
         (msgspec.json.encode(chat(top_logprobs=2)), 400, None, "top_logprobs"),
-        (msgspec.json.encode({"messages": [{"role": "user", "content": CANARY}]}), 400, None, "model"),
+        (
+            msgspec.json.encode({"messages": [{"role": "user", "content": CANARY}]}),
+            400,
+            None,
+            "model",
+        ),
     ],
 )
 def test_bad_chat_requests_get_the_openai_envelope(
     client: TestClient[Litestar], body: bytes, status: int, code: str | None, param: str | None
 ) -> None:
-    resp = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    resp = client.post(
+        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert_envelope(resp, status, code, param)
 
 
 def test_bad_completion_prompts(client: TestClient[Litestar]) -> None:
     for prompt in ([], ["a", 1], [[1, 2], "b"], ["p"] * 17):
-        assert_envelope(client.post("/v1/completions", json={"model": "echo", "prompt": prompt}), 400, param="prompt")
+        assert_envelope(
+            client.post("/v1/completions", json={"model": "echo", "prompt": prompt}),
+            400,
+            param="prompt",
+        )
 
 
 def test_body_over_the_limit_is_413(client: TestClient[Litestar]) -> None:
-    resp = client.post("/v1/chat/completions", json=chat(messages=[{"role": "user", "content": CANARY * 10_000}]))
+    resp = client.post(
+        "/v1/chat/completions", json=chat(messages=[{"role": "user", "content": CANARY * 10_000}])
+    )
     assert_envelope(resp, 413, "request_too_large")
 
 
@@ -209,7 +264,9 @@ def test_unknown_route_and_wrong_method(client: TestClient[Litestar]) -> None:
     assert_envelope(client.get("/v1/chat/completions"), 405, "method_not_allowed")
 
 
-def test_engine_failure_after_first_token_is_one_sse_error_event(client: TestClient[Litestar]) -> None:
+def test_engine_failure_after_first_token_is_one_sse_error_event(
+    client: TestClient[Litestar],
+) -> None:
     resp = client.post("/v1/chat/completions", json=chat(model="broken", stream=True))
     assert resp.status_code == 200
     events = sse_events(resp.text)
@@ -222,7 +279,9 @@ def test_engine_failure_after_first_token_is_one_sse_error_event(client: TestCli
 
 
 def test_engine_failure_without_stream_is_500_envelope(client: TestClient[Litestar]) -> None:
-    assert_envelope(client.post("/v1/chat/completions", json=chat(model="broken")), 500, "internal_error")
+    assert_envelope(
+        client.post("/v1/chat/completions", json=chat(model="broken")), 500, "internal_error"
+    )
 
 
 def test_health_ready_metrics_and_openapi(client: TestClient[Litestar]) -> None:
@@ -241,14 +300,16 @@ def test_health_ready_metrics_and_openapi(client: TestClient[Litestar]) -> None:
     ):
         assert name in metrics
     doc = client.get("/openapi.json").json()
-    assert set(doc["paths"]) >= {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}"}
+    assert set(doc["paths"]) >= {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/models/{model}",
+    }
     assert "ChatCompletionRequest" in doc["components"]["schemas"]
 
 
 def test_ready_is_503_until_engines_are_loaded() -> None:
-    app = make_app()
-    with TestClient(app) as c:
-        pass  # lifespan ran: engines started, then stopped on exit
     registry = ModelRegistry([ServedModel("echo", EchoEngine())])
     app = create_app(load_settings(None, environ={}), registry=registry)
     client = TestClient(app)  # no lifespan: nothing loads
@@ -265,5 +326,8 @@ def test_no_content_in_logs(client: TestClient[Litestar], caplog: pytest.LogCapt
     client.post("/v1/completions", json={"model": "echo", "prompt": CANARY, "echo": True})
     lines = [r for r in caplog.records if r.name == "airgate.request"]
     assert len(lines) == 5
-    assert all(CANARY not in r.getMessage() and CANARY not in str(getattr(r, "fields", "")) for r in caplog.records)
+    assert all(
+        CANARY not in r.getMessage() and CANARY not in str(getattr(r, "fields", ""))
+        for r in caplog.records
+    )
     assert all(CANARY not in (r.exc_text or "") for r in caplog.records)
