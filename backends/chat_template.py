@@ -73,7 +73,9 @@ class ChatTemplate:
         # segments.  A marker is private-use text plus a per-call random tag.
         tag = secrets.token_hex(8)
         marks = [f"\ue000{tag}:{i}\ue001" for i in range(len(messages))]
-        proxies = [{"role": m.role, "content": mark} for m, mark in zip(messages, marks, strict=True)]
+        proxies = [
+            {"role": m.role, "content": mark} for m, mark in zip(messages, marks, strict=True)
+        ]
         try:
             rendered = self._template.render(
                 messages=proxies,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from importlib.metadata import PackageNotFoundError, version
@@ -40,6 +41,10 @@ def _version() -> str:
 def create_app(settings: Settings, *, registry: ModelRegistry | None = None) -> Litestar:
     """Build the app.  Engines load in the background after start-up; /ready says when."""
     models = registry if registry is not None else build_registry(settings)
+    return _build(settings, models)
+
+
+def _build(settings: Settings, models: ModelRegistry) -> Litestar:
     metrics = Metrics(models)
     schema = openapi_document(_version())
 
@@ -50,7 +55,7 @@ def create_app(settings: Settings, *, registry: ModelRegistry | None = None) -> 
     @contextlib.asynccontextmanager
     async def engines(_: Litestar) -> AsyncIterator[None]:
         loading = asyncio.ensure_future(start_engines(models))
-        loading.add_done_callback(_report_load_failure)
+        loading.add_done_callback(functools.partial(_on_loaded, models))
         try:
             yield
         finally:
@@ -84,7 +89,11 @@ def create_app(settings: Settings, *, registry: ModelRegistry | None = None) -> 
     )
 
 
-def _report_load_failure(task: asyncio.Future[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        exc = task.exception()
-        _log.error("engines failed to load: %s: %s", type(exc).__name__, exc)
+def _on_loaded(models: ModelRegistry, task: asyncio.Future[None]) -> None:
+    """An engine that cannot load makes the process useless: say why and shut down."""
+    if task.cancelled() or task.exception() is None:
+        return
+    exc = task.exception()
+    models.load_error = f"{type(exc).__name__}: {exc}"
+    _log.error("engines failed to load (%s); shutting down", models.load_error)
+    models.request_shutdown()

@@ -49,9 +49,7 @@ def serve(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help=f"airgate.toml (also ${env.CONFIG}).")
     ] = None,
-    host: Annotated[
-        str | None, typer.Option(help="Address to bind (default 127.0.0.1).")
-    ] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
     port: Annotated[
         int | None, typer.Option(help="Port (default 8000; 0 picks a free one).")
     ] = None,
@@ -91,11 +89,13 @@ def _run(settings: Settings) -> None:
 
     from .app import create_app
     from .logs import configure_logging
+    from .runtime import build_registry
 
     # A core dump of this process could hold prompts: never write one.
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     configure_logging(settings.server.log_level)
-    app_ = create_app(settings)
+    registry = build_registry(settings)
+    app_ = create_app(settings, registry=registry)
     server = uvicorn.Server(
         uvicorn.Config(
             app_,
@@ -110,7 +110,10 @@ def _run(settings: Settings) -> None:
             timeout_graceful_shutdown=int(settings.server.shutdown_grace_s),
         )
     )
+    registry.request_shutdown = lambda: setattr(server, "should_exit", True)
     server.run()
+    if registry.load_error is not None:
+        raise _fail(f"could not load the models: {registry.load_error}", code=1)
     if not server.started:
         raise _fail("the server could not start (see the log above)", code=1)
 

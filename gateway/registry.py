@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from backends.types import Engine
 
@@ -27,6 +28,9 @@ class ModelRegistry:
         self.models = tuple(models)
         self._by_name = {name: m for m in self.models for name in (m.id, *m.aliases)}
         self.ready = False
+        self.load_error: str | None = None  # set when an engine failed to load
+        # How the app asks its server to stop (an engine failed to load); the CLI sets it.
+        self.request_shutdown: Callable[[], None] = lambda: signal.raise_signal(signal.SIGTERM)
 
     def resolve(self, name: str) -> ServedModel:
         model = self._by_name.get(name)

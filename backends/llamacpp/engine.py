@@ -64,12 +64,17 @@ class _Handle:
 
 
 class LlamaCppEngine:
-    """llama.cpp in this process.  `model_path` may be `/proc/self/fd/N` (a sealed memfd)."""
+    """llama.cpp in this process.
+
+    `model` is a GGUF file path or an open file descriptor (e.g. a sealed memfd holding
+    decrypted weights): the engine reads it through `/proc/self/fd/N`, so plaintext weights
+    never need a path on persistent disk.  The caller keeps the descriptor open until `stop()`.
+    """
 
     name = "llama.cpp"
 
-    def __init__(self, model_path: str, options: LlamaCppOptions | None = None) -> None:
-        self._path = model_path
+    def __init__(self, model: str | int, options: LlamaCppOptions | None = None) -> None:
+        self._path = f"/proc/self/fd/{model}" if isinstance(model, int) else model
         self.options = options or LlamaCppOptions()
         self._template = ChatTemplate(self.options.chat_template)
         self._model: Model | None = None

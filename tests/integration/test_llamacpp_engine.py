@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
+from pathlib import Path
 
 import pytest
 
 from backends.errors import ContextLengthExceeded, EngineOverloaded, InvalidGenerationRequest
-from backends.llamacpp import LlamaCppEngine
+from backends.llamacpp import LlamaCppEngine, LlamaCppOptions
 from backends.types import ChatMessage, GenerationDelta, GenerationRequest, SamplingParams
 
 pytestmark = pytest.mark.engine
@@ -255,3 +258,31 @@ async def test_long_prompt_prefill_does_not_freeze_a_running_stream(engine: Llam
         pass
     tokens_of_a_during_prefill = order[start:].count("a")
     assert tokens_of_a_during_prefill >= 5, order[start:]
+
+
+async def test_engine_loads_from_a_sealed_memfd(gguf_path: Path) -> None:
+    """The seam the bundle loader uses: weights in anonymous memory, handed over as an fd."""
+    fd = os.memfd_create("weights", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        with gguf_path.open("rb") as src:
+            while block := src.read(1 << 22):
+                os.write(fd, block)
+        seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        eng = LlamaCppEngine(fd, LlamaCppOptions(slots=1, context_length=256, n_threads=2))
+        await eng.start()
+        try:
+            deltas = await run(
+                eng,
+                req(
+                    "The capital of France is",
+                    6,
+                    sampling=SamplingParams(temperature=0, logit_bias=NO_END),
+                ),
+            )
+        finally:
+            await eng.stop()
+        assert deltas[-1].usage is not None and deltas[-1].usage.completion_tokens == 6
+        assert text(deltas)
+    finally:
+        os.close(fd)
