@@ -286,3 +286,14 @@ async def test_engine_loads_from_a_sealed_memfd(gguf_path: Path) -> None:
         assert text(deltas)
     finally:
         os.close(fd)
+
+
+async def test_streamed_text_is_exactly_the_tokens_bytes_decoded(engine: LlamaCppEngine) -> None:
+    sampling = SamplingParams(temperature=0.0, logit_bias=NO_END)
+    for prompt in ("日本の首都は東京です。🍣と🍜が好きです。次の文は", "Ελληνικά και русский текст: "):
+        deltas = await run(engine, req(prompt, 40, sampling=sampling, logprobs=0))
+        raw = b"".join(lp.text for d in deltas for lp in d.logprobs)
+        pieces = [d.text for d in deltas]
+        assert "".join(pieces) == raw.decode("utf-8", "replace")
+        assert all("\ufffd" not in p for p in pieces)
+        assert any(ord(ch) > 0x7F for p in pieces for ch in p), "expected non-ASCII output"
