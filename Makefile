@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 $(VENV)/.installed: pyproject.toml scripts/llama-wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -U pip setuptools wheel
-	$(PIP) install "$$(PYTHON=$(PY) scripts/llama-wheel.sh)"
+	$(PIP) install --force-reinstall --no-deps "$$(PYTHON=$(PY) scripts/llama-wheel.sh)"
 	$(PIP) install -e .
 	touch $@
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from litestar import Litestar, Response, get
 from litestar.di import Provide
-from litestar.middleware import DefineMiddleware
 
 from .config import Settings
 from .errors import exception_handlers
@@ -64,7 +63,7 @@ def _build(settings: Settings, models: ModelRegistry) -> Litestar:
                 await loading
             await stop_engines(models)
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             chat_completions,
             completions,
@@ -79,7 +78,6 @@ def _build(settings: Settings, models: ModelRegistry) -> Litestar:
             "models": Provide(lambda: models, use_cache=True, sync_to_thread=False),
             "metrics": Provide(lambda: metrics, use_cache=True, sync_to_thread=False),
         },
-        middleware=[DefineMiddleware(RequestLogMiddleware, metrics=metrics)],
         exception_handlers=exception_handlers,
         lifespan=[engines],
         request_max_body_size=settings.server.max_request_bytes,
@@ -87,6 +85,10 @@ def _build(settings: Settings, models: ModelRegistry) -> Litestar:
         debug=False,
         logging_config=None,
     )
+    # Outside Litestar's router (not as route middleware): unrouted requests (404, 405) get a
+    # request id and a log line too.
+    app.asgi_handler = RequestLogMiddleware(app.asgi_handler, metrics)
+    return app
 
 
 def _on_loaded(models: ModelRegistry, task: asyncio.Future[None]) -> None:

@@ -135,12 +135,12 @@ def error_body(exc: GatewayError) -> bytes:
 
 
 @contextlib.contextmanager
-def translate_engine_errors() -> Iterator[None]:
+def translate_engine_errors(prompt_param: str = "messages") -> Iterator[None]:
     """Turn engine exceptions into gateway errors at the seam."""
     try:
         yield
     except engine_errors.ContextLengthExceeded as exc:
-        raise ContextLengthExceeded(str(exc), param="messages") from exc
+        raise ContextLengthExceeded(str(exc), param=prompt_param) from exc
     except engine_errors.InvalidGenerationRequest as exc:
         raise InvalidRequest(str(exc), param=exc.param) from exc
     except engine_errors.EngineOverloaded as exc:
@@ -161,7 +161,15 @@ def _render(exc: GatewayError) -> Response[bytes]:
     )
 
 
-def _on_gateway_error(_: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+def _note(request: Request[Any, Any, Any], exc: GatewayError) -> None:
+    # the request log's error field (the state is set by the request-log middleware)
+    info = request.scope.get("state", {}).get("airgate")
+    if info is not None and info.error_code is None:
+        info.error_code = exc.code or exc.type
+
+
+def _on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    _note(request, exc)
     return _render(exc)
 
 
@@ -182,6 +190,7 @@ def _on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Respons
         mapped.status_code = status
     else:
         return _on_unexpected(_, exc)
+    _note(_, mapped)
     response = _render(mapped)
     if exc.headers:
         response.headers.update(exc.headers)
@@ -194,7 +203,9 @@ def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[
     _log.error(
         "unhandled %s on %s %s\n%s", type(exc).__name__, request.method, request.url.path, frames
     )
-    return _render(InternalError("internal error"))
+    err = InternalError("internal error")
+    _note(request, err)
+    return _render(err)
 
 
 exception_handlers: dict[type[Exception] | int, Any] = {

@@ -8,7 +8,9 @@
 set -euo pipefail
 
 version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
-flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+# GGML_LLAMAFILE=OFF: llamafile's sgemm serves matmuls of >= 2 rows, ggml's vec_dot single rows;
+# the two round differently, so greedy output would depend on how many requests share a step.
+flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_LLAMAFILE=OFF"
 python="${PYTHON:-python3}"
 
 pyver=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
@@ -21,8 +23,9 @@ if [[ -z "$wheel" ]]; then
     mkdir -p "$cache"
     tmp=$(mktemp -d "$cache/.build.XXXXXX")
     trap 'rm -rf "$tmp"' EXIT
+    # --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and would hand back an old build.
     CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-        "$python" -m pip wheel --no-deps --no-binary llama-cpp-python \
+        "$python" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
         "llama-cpp-python==$version" -w "$tmp" >&2
     built=$(ls "$tmp"/llama_cpp_python-"$version"-*.whl)
     mv "$built" "$cache/"  # atomic within one filesystem: a half-built wheel is never cached

@@ -104,11 +104,11 @@ class Model:
 
 
 class Context:
-    """One llama.cpp context with `n_seq` sequences of up to `n_ctx_seq` tokens each.
+    """One llama.cpp context with `n_seq` sequences of `n_ctx_seq` tokens each.
 
-    The KV cache is unified (one buffer of n_seq * n_ctx_seq cells): with split per-sequence
-    streams, llama.cpp's batch splitting made a sequence's logits depend on which other
-    sequences shared its batch (greedy outputs changed under load).  Unified, they do not.
+    The KV cache is split per sequence, not unified: in a unified cache a sequence's cells sit
+    between other sequences' cells, and the masked sums of attention then round differently
+    depending on who else is running (greedy outputs changed under load).
     """
 
     def __init__(
@@ -128,7 +128,7 @@ class Context:
         params.n_seq_max = n_seq
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
-        params.kv_unified = unified
+        params.kv_unified = False  # each sequence attends over its own cells only
         params.no_perf = True
         ptr = ll.llama_init_from_model(model.ptr, params)
         if not ptr:
@@ -136,7 +136,7 @@ class Context:
         self.ptr = ptr
         self.model = model
         self.memory = ll.llama_get_memory(ptr)
-        self.n_ctx_seq = n_ctx_seq  # our per-request bound; the unified cache holds n_seq of them
+        self.n_ctx_seq: int = ll.llama_n_ctx_seq(ptr)
         self.n_batch: int = ll.llama_n_batch(ptr)
 
     def close(self) -> None:

@@ -1,9 +1,9 @@
 """The continuous-batching loop: one thread owns the llama.cpp context.
 
-Each step builds one batch — the next token of every decoding sequence, then prompt chunks of
-sequences still in prefill, up to `n_batch` tokens — and runs one `llama_decode`.  Requests join
-between steps; a long prompt is prefilled a chunk per step so running streams keep flowing;
-a cancelled sequence is dropped and its cache freed at the next step.
+Each step runs one `llama_decode`: the next token of every decoding sequence, or one prompt chunk
+(up to `n_batch` tokens) of one sequence, alternating while both exist.  Requests join between
+steps; a long prompt is prefilled a chunk per step so running streams keep flowing; a cancelled
+sequence is dropped and its cache freed at the next step.
 
 Results leave the thread once per step: a single `call_soon_threadsafe` hands every sequence's
 delta to its asyncio queue.
@@ -22,7 +22,7 @@ import numpy as np
 
 from .._text import StopMatcher, Utf8Stream
 from ..errors import EngineFailure, EngineNotReady, EngineOverloaded
-from ..types import FinishReason, GenerationDelta, TokenLogprob, Usage
+from ..types import FinishReason, GenerationDelta, SamplingParams, TokenLogprob, Usage
 from ._native import Batch, Context, Sampler
 
 __all__ = ["Scheduler", "Sequence"]
@@ -64,7 +64,7 @@ class Sequence:
         prompt: list[int],
         max_tokens: int,
         stop: tuple[str, ...],
-        params: object,
+        params: SamplingParams,
         logprobs: int | None,
         echo_prompt: bool,
         prompt_text: str | None,
@@ -117,6 +117,7 @@ class Scheduler:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="airgate-llamacpp", daemon=True)
         self._mean_duration_s = 2.0  # EMA of request time, for Retry-After
+        self._prefill_turn = False
         self.kv_tokens = 0
 
     # ---- called from the event loop -------------------------------------------------------
@@ -193,7 +194,7 @@ class Scheduler:
             if self._pending:
                 seq = self._pending.popleft()
                 seq.slot = slot
-                seq.sampler = Sampler(seq.params, self._model.n_vocab, seq.max_tokens)  # type: ignore[arg-type]
+                seq.sampler = Sampler(seq.params, self._model.n_vocab, seq.max_tokens)
                 self._slots[slot] = seq
         return dropped
 
@@ -215,48 +216,65 @@ class Scheduler:
                 outbox.append((seq.out, self._final(seq, "abort", "")))
 
     def _step(self, outbox: Outbox) -> None:
+        """One llama_decode: either the next token of every decoding sequence, or one prompt
+        chunk of one sequence.  The two alternate while both kinds of work exist, so a long
+        prompt stalls running streams for at most one chunk per token they receive.
+
+        Keeping prompt chunks out of decode batches (and cutting every prompt at the same
+        offsets whatever else is running) is what makes results batch-invariant: a sequence's
+        tokens always meet the same kernels with the same shapes, alone or under load.
+        """
+        active = [s for s in self._slots if s is not None]
+        decoding = [s for s in active if s.n_past >= len(s.prompt)]
+        prefilling = [s for s in active if s.n_past < len(s.prompt)]
+        if prefilling and (not decoding or self._prefill_turn):
+            self._prefill_turn = False
+            # oldest first: the request that has waited longest gets its first token first
+            self._prefill_chunk(min(prefilling, key=lambda s: s.submitted), outbox)
+        else:
+            self._prefill_turn = True
+            self._decode(decoding, outbox)
+        self.kv_tokens = sum(s.n_past for s in self._slots if s is not None)
+
+    def _prefill_chunk(self, seq: Sequence, outbox: Outbox) -> None:
         batch = self._batch
         batch.clear()
-        outputs: list[tuple[Sequence, int, bool]] = []  # (seq, batch index, samples a token)
-        prefill_logits: list[tuple[Sequence, int, int]] = []  # (seq, first index, n tokens)
-        active = [s for s in self._slots if s is not None]
-        for seq in active:
-            if seq.n_past >= len(seq.prompt):
-                idx = batch.add((seq.last_token,), seq.n_past, seq.slot, True)
-                seq.n_past += 1
-                outputs.append((seq, idx, True))
-        budget = batch.capacity - batch.n
-        # Prefill oldest first: the request that has waited longest gets its first token first.
-        for seq in sorted(active, key=lambda s: s.submitted):
-            if budget <= 0:
-                break
-            remaining = len(seq.prompt) - seq.n_past
-            if remaining <= 0:
-                continue
-            take = min(budget, remaining)
-            chunk = seq.prompt[seq.n_past : seq.n_past + take]
-            completes = take == remaining
-            all_logits = seq.want_prompt_logprobs
-            idx = batch.add(chunk, seq.n_past, seq.slot, all_logits)
-            if completes:
-                batch.set_last_logits()
-                outputs.append((seq, idx + take - 1, True))
-            if all_logits:
-                prefill_logits.append((seq, idx, take))
-            seq.n_past += take
-            budget -= take
-        rc = self._ctx.decode(batch)
-        if rc != 0:
-            _log.error("llama_decode returned %d for a batch of %d tokens", rc, batch.n)
-            for seq in active:
-                self._release(seq)
-                outbox.append((seq.out, EngineFailure(f"llama_decode failed ({rc})")))
+        take = min(batch.capacity, len(seq.prompt) - seq.n_past)
+        completes = seq.n_past + take == len(seq.prompt)
+        all_logits = seq.want_prompt_logprobs
+        idx = batch.add(
+            seq.prompt[seq.n_past : seq.n_past + take], seq.n_past, seq.slot, all_logits
+        )
+        if completes:
+            batch.set_last_logits()
+        seq.n_past += take
+        if not self._run_batch([seq], outbox):
             return
-        for seq, first, n in prefill_logits:
-            self._collect_prompt_logprobs(seq, first, n)
-        self.kv_tokens = sum(s.n_past for s in self._slots if s is not None)
-        for seq, idx, _ in outputs:
-            self._sample(seq, idx, outbox)
+        if all_logits:
+            self._collect_prompt_logprobs(seq, idx, take)
+        if completes:
+            self._sample(seq, idx + take - 1, outbox)
+
+    def _decode(self, seqs: list[Sequence], outbox: Outbox) -> None:
+        batch = self._batch
+        batch.clear()
+        outputs = []
+        for seq in seqs:
+            outputs.append((seq, batch.add((seq.last_token,), seq.n_past, seq.slot, True)))
+            seq.n_past += 1
+        if self._run_batch(seqs, outbox):
+            for seq, idx in outputs:
+                self._sample(seq, idx, outbox)
+
+    def _run_batch(self, seqs: list[Sequence], outbox: Outbox) -> bool:
+        rc = self._ctx.decode(self._batch)
+        if rc == 0:
+            return True
+        _log.error("llama_decode returned %d for a batch of %d tokens", rc, self._batch.n)
+        for seq in seqs:
+            self._release(seq)
+            outbox.append((seq.out, EngineFailure(f"llama_decode failed ({rc})")))
+        return False
 
     def _collect_prompt_logprobs(self, seq: Sequence, first: int, n: int) -> None:
         model = self._model

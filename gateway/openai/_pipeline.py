@@ -85,7 +85,10 @@ def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
 class Run:
     """The engine side of one HTTP request: one handle per choice."""
 
-    def __init__(self, model: ServedModel, info: RequestInfo, metrics: Metrics) -> None:
+    def __init__(
+        self, model: ServedModel, info: RequestInfo, metrics: Metrics, *, prompt_param: str
+    ) -> None:
+        self.prompt_param = prompt_param  # named by a context-length error
         self.model = model
         self.info = info
         self.metrics = metrics
@@ -96,7 +99,7 @@ class Run:
 
     async def submit(self, requests: Sequence[GenerationRequest]) -> None:
         try:
-            with translate_engine_errors():
+            with translate_engine_errors(self.prompt_param):
                 for req in requests:
                     self.handles.append(await self.model.engine.submit(req))
         except GatewayError as exc:
@@ -115,13 +118,15 @@ class Run:
         ttft = self.metrics.ttft.labels(*labels)
         itl = self.metrics.itl.labels(*labels)
         last = None
-        completion = 0
+        completion = seen = 0
         finished = 0
+        failed = False
         try:
-            with translate_engine_errors():
+            with translate_engine_errors(self.prompt_param):
                 async for index, delta in _merge(self.handles):
                     now = time.perf_counter()
                     if delta.n_tokens:
+                        seen += delta.n_tokens
                         if last is None:
                             self.info.ttft_s = now - self.start
                             ttft.observe(self.info.ttft_s)
@@ -135,8 +140,15 @@ class Run:
                         self.info.finish_reason = delta.finish_reason
                         self.metrics.request_success.labels(*labels, delta.finish_reason).inc()
                     yield index, delta
+        except Exception:
+            failed = True
+            raise
         finally:
             self.cancel()
+            if finished < len(self.handles) and not failed:  # the client went away
+                completion = max(completion, seen)
+                if self.info.error_code is None:
+                    self.info.error_code = "client_disconnected"
             self.info.completion_tokens = completion
             self.metrics.prompt_tokens.labels(*labels).inc(self.info.prompt_tokens or 0)
             self.metrics.generation_tokens.labels(*labels).inc(completion)

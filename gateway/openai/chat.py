@@ -99,7 +99,7 @@ async def chat_completions(
     info = request_info(request.scope)
     body = decode(_decoder, await request.body())
     model = models.resolve(body.model)
-    run = Run(model, info, metrics)
+    run = Run(model, info, metrics, prompt_param="messages")
     info.stream = body.stream
     await run.submit([_to_engine(body, info.request_id)])
     response_id = f"chatcmpl-{info.request_id}"

@@ -100,7 +100,7 @@ async def completions(
     info = request_info(request.scope)
     body = decode(_decoder, await request.body())
     model = models.resolve(body.model)
-    run = Run(model, info, metrics)
+    run = Run(model, info, metrics, prompt_param="prompt")
     info.stream = body.stream
     await run.submit(_to_engine(body, info.request_id))
     response_id = f"cmpl-{info.request_id}"

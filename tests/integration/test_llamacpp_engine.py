@@ -34,17 +34,34 @@ def text(deltas: list[GenerationDelta]) -> str:
     return "".join(d.text for d in deltas)
 
 
-async def test_greedy_output_is_identical_alone_and_beside_three_others(
-    engine: LlamaCppEngine,
-) -> None:
+async def test_greedy_output_is_identical_alone_and_beside_three_others(engine: LlamaCppEngine) -> None:
+    """Batching must not change results, also when requests arrive while others decode (their
+    prompts are prefilled between decode steps) and caches grow past llama.cpp's 256-cell
+    padding."""
     sampling = SamplingParams(temperature=0.0, logit_bias=NO_END)
     prompts = [
-        f"Report {i}: the committee reviewed the budget of district {i * 13} and" for i in range(4)
+        f"Report {i}: the committee reviewed the budget of district {i * 13} and " + "then " * (i * 25)
+        for i in range(4)
     ]
-    alone = [text(await run(engine, req(p, 40, sampling=sampling))) for p in prompts]
-    together = await asyncio.gather(*(run(engine, req(p, 40, sampling=sampling)) for p in prompts))
+    alone = [text(await run(engine, req(p, 160, sampling=sampling))) for p in prompts]
+
+    async def staggered(i: int, started: list[asyncio.Event]) -> list[GenerationDelta]:
+        if i:
+            await started[i - 1].wait()  # join while the previous one is decoding
+        handle = await engine.submit(req(prompts[i], 160, sampling=sampling))
+        out = []
+        async for d in handle:
+            out.append(d)
+            if len(out) == 5:
+                started[i].set()
+        return out
+
+    events = [asyncio.Event() for _ in prompts]
+    together = await asyncio.gather(*(staggered(i, events) for i in range(4)))
     assert [text(d) for d in together] == alone
-    assert all(d[-1].usage is not None and d[-1].usage.completion_tokens == 40 for d in together)
+    assert all(d[-1].usage is not None and d[-1].usage.completion_tokens == 160 for d in together)
+    simultaneous = await asyncio.gather(*(run(engine, req(p, 40, sampling=sampling)) for p in prompts))
+    assert [text(d) for d in simultaneous] == [a[: len(text(d))] for a, d in zip(alone, simultaneous, strict=True)]
 
 
 async def test_length_finish_and_exact_usage(engine: LlamaCppEngine) -> None:
