@@ -8,9 +8,7 @@
 set -euo pipefail
 
 version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
-# GGML_LLAMAFILE=OFF: llamafile's sgemm serves matmuls of >= 2 rows, ggml's vec_dot single rows;
-# the two round differently, so greedy output would depend on how many requests share a step.
-flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_LLAMAFILE=OFF"
+flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 python="${PYTHON:-python3}"
 
 pyver=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')

@@ -207,17 +207,26 @@ async def _stream_text(
     return text, finish, usage, first, last
 
 
-async def test_eight_concurrent_streams_equal_each_run_alone(aclient: AsyncOpenAI) -> None:
+async def test_eight_concurrent_streams_all_finish_with_exact_usage(aclient: AsyncOpenAI) -> None:
     prompts = [
         f"Report {i}: the council of district {i * 13} reviewed the budget and" for i in range(8)
     ]
-    alone = [await _stream_text(aclient, p, 32) for p in prompts]
     together = await asyncio.gather(*(_stream_text(aclient, p, 32) for p in prompts))
-    for _, finish, usage, _, _ in together:
+    for text, finish, usage, _, _ in together:
         assert finish == "length"
         assert usage is not None and usage.completion_tokens == 32
+        assert usage.total_tokens == usage.prompt_tokens + 32
+        assert text
     # They really ran together: every stream had its first token before any stream ended.
     assert max(t[3] for t in together) < min(t[4] for t in together)
+
+
+async def test_a_stream_beside_three_others_equals_it_run_alone(aclient: AsyncOpenAI) -> None:
+    prompts = [
+        f"Report {i}: the council of district {i * 13} reviewed the budget and" for i in range(4)
+    ]
+    alone = [await _stream_text(aclient, p, 32) for p in prompts]
+    together = await asyncio.gather(*(_stream_text(aclient, p, 32) for p in prompts))
     assert len({t[0] for t in alone}) > 1, "the prompts should not all produce the same text"
     # Batching must not change greedy results.
     assert [t[0] for t in together] == [t[0] for t in alone]
