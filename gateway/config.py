@@ -55,6 +55,7 @@ class EngineSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=
     batch_size: Annotated[int, Meta(ge=16, le=8192)] = 512
     max_waiting: Annotated[int, Meta(ge=0, le=100_000)] = 64
     n_threads: Annotated[int, Meta(ge=1, le=1024)] | None = None
+    batch_invariant: bool = False  # see README: only matters above 7 slots
 
 
 class ModelSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -70,6 +71,7 @@ class ModelSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
     batch_size: Annotated[int, Meta(ge=16, le=8192)] | None = None
     max_waiting: Annotated[int, Meta(ge=0, le=100_000)] | None = None
     n_threads: Annotated[int, Meta(ge=1, le=1024)] | None = None
+    batch_invariant: bool | None = None
 
 
 class Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):

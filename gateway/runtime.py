@@ -32,6 +32,9 @@ def _llamacpp_options(settings: Settings, model: ModelSettings) -> LlamaCppOptio
         max_waiting=pick(model.max_waiting, e.max_waiting),
         n_threads=model.n_threads if model.n_threads is not None else e.n_threads,
         chat_template=model.chat_template,
+        batch_invariant=(
+            e.batch_invariant if model.batch_invariant is None else model.batch_invariant
+        ),
     )
 
 

@@ -29,6 +29,10 @@ __all__ = ["Scheduler", "Sequence"]
 
 _log = logging.getLogger("airgate.llamacpp")
 
+# At 8 or more rows llama.cpp (0.3.36, CPU) computes some rows differently from how it computes
+# them in smaller batches; up to 7 rows every sequence gets bit-identical logits.
+INVARIANT_DECODE_ROWS = 7
+
 Outbox = list[
     tuple[asyncio.Queue[GenerationDelta | BaseException], GenerationDelta | BaseException]
 ]
@@ -104,6 +108,7 @@ class Scheduler:
         n_slots: int,
         max_waiting: int,
         loop: asyncio.AbstractEventLoop,
+        batch_invariant: bool = False,
     ) -> None:
         self._ctx = ctx
         self._model = ctx.model
@@ -118,6 +123,9 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="airgate-llamacpp", daemon=True)
         self._mean_duration_s = 2.0  # EMA of request time, for Retry-After
         self._prefill_turn = False
+        # batch_invariant: cut decode steps so no llama_decode sees more than 7 rows (results
+        # never depend on the load, at a throughput cost when more than 7 sequences run)
+        self._max_decode_rows = INVARIANT_DECODE_ROWS if batch_invariant else n_slots
         self.kv_tokens = 0
 
     # ---- called from the event loop -------------------------------------------------------
@@ -256,15 +264,18 @@ class Scheduler:
             self._sample(seq, idx + take - 1, outbox)
 
     def _decode(self, seqs: list[Sequence], outbox: Outbox) -> None:
-        batch = self._batch
-        batch.clear()
-        outputs = []
-        for seq in seqs:
-            outputs.append((seq, batch.add((seq.last_token,), seq.n_past, seq.slot, True)))
-            seq.n_past += 1
-        if self._run_batch(seqs, outbox):
-            for seq, idx in outputs:
-                self._sample(seq, idx, outbox)
+        rows = self._max_decode_rows
+        for start in range(0, len(seqs), rows):
+            group = seqs[start : start + rows]
+            batch = self._batch
+            batch.clear()
+            outputs = []
+            for seq in group:
+                outputs.append((seq, batch.add((seq.last_token,), seq.n_past, seq.slot, True)))
+                seq.n_past += 1
+            if self._run_batch(group, outbox):
+                for seq, idx in outputs:
+                    self._sample(seq, idx, outbox)
 
     def _run_batch(self, seqs: list[Sequence], outbox: Outbox) -> bool:
         rc = self._ctx.decode(self._batch)

@@ -35,6 +35,9 @@ class LlamaCppOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_waiting: int = 64
     n_threads: int | None = None  # None: every core available to the process
     chat_template: str = "gemma"
+    # Results independent of the load at any slot count (always true up to 7 slots); above 7
+    # it costs ~25% aggregate throughput at 8 streams.
+    batch_invariant: bool = False
 
 
 class _Handle:
@@ -95,6 +98,7 @@ class LlamaCppEngine:
             n_slots=opts.slots,
             max_waiting=opts.max_waiting,
             loop=asyncio.get_running_loop(),
+            batch_invariant=opts.batch_invariant,
         )
         self._scheduler.start()
         _log.info(

@@ -34,13 +34,16 @@ def text(deltas: list[GenerationDelta]) -> str:
     return "".join(d.text for d in deltas)
 
 
-async def test_greedy_output_is_identical_alone_and_beside_three_others(engine: LlamaCppEngine) -> None:
+async def test_greedy_output_is_identical_alone_and_beside_three_others(
+    engine: LlamaCppEngine,
+) -> None:
     """Batching must not change results, also when requests arrive while others decode (their
     prompts are prefilled between decode steps) and caches grow past llama.cpp's 256-cell
     padding."""
     sampling = SamplingParams(temperature=0.0, logit_bias=NO_END)
     prompts = [
-        f"Report {i}: the committee reviewed the budget of district {i * 13} and " + "then " * (i * 25)
+        f"Report {i}: the committee reviewed the budget of district {i * 13} and "
+        + "then " * (i * 25)
         for i in range(4)
     ]
     alone = [text(await run(engine, req(p, 160, sampling=sampling))) for p in prompts]
@@ -60,8 +63,12 @@ async def test_greedy_output_is_identical_alone_and_beside_three_others(engine: 
     together = await asyncio.gather(*(staggered(i, events) for i in range(4)))
     assert [text(d) for d in together] == alone
     assert all(d[-1].usage is not None and d[-1].usage.completion_tokens == 160 for d in together)
-    simultaneous = await asyncio.gather(*(run(engine, req(p, 40, sampling=sampling)) for p in prompts))
-    assert [text(d) for d in simultaneous] == [a[: len(text(d))] for a, d in zip(alone, simultaneous, strict=True)]
+    simultaneous = await asyncio.gather(
+        *(run(engine, req(p, 40, sampling=sampling)) for p in prompts)
+    )
+    assert [text(d) for d in simultaneous] == [
+        a[: len(text(d))] for a, d in zip(alone, simultaneous, strict=True)
+    ]
 
 
 async def test_length_finish_and_exact_usage(engine: LlamaCppEngine) -> None:
@@ -307,10 +314,39 @@ async def test_engine_loads_from_a_sealed_memfd(gguf_path: Path) -> None:
 
 async def test_streamed_text_is_exactly_the_tokens_bytes_decoded(engine: LlamaCppEngine) -> None:
     sampling = SamplingParams(temperature=0.0, logit_bias=NO_END)
-    for prompt in ("日本の首都は東京です。🍣と🍜が好きです。次の文は", "Ελληνικά και русский текст: "):
+    for prompt in (
+        "日本の首都は東京です。🍣と🍜が好きです。次の文は",
+        "Ελληνικά και русский текст: ",
+    ):
         deltas = await run(engine, req(prompt, 40, sampling=sampling, logprobs=0))
         raw = b"".join(lp.text for d in deltas for lp in d.logprobs)
         pieces = [d.text for d in deltas]
         assert "".join(pieces) == raw.decode("utf-8", "replace")
         assert all("\ufffd" not in p for p in pieces)
         assert any(ord(ch) > 0x7F for p in pieces for ch in p), "expected non-ASCII output"
+
+
+async def test_batch_invariant_mode_holds_at_eight_concurrent_sequences(gguf_path: Path) -> None:
+    """Above 7 rows per decode llama.cpp rounds some rows differently; `batch_invariant` cuts
+    decode steps into groups of at most 7, so eight concurrent chats equal their solo runs."""
+    eng = LlamaCppEngine(
+        str(gguf_path),
+        LlamaCppOptions(slots=8, context_length=512, n_threads=2, batch_invariant=True),
+    )
+    await eng.start()
+    try:
+        sampling = SamplingParams(temperature=0.0, logit_bias=NO_END)
+
+        def chat(i: int) -> GenerationRequest:
+            message = ChatMessage(
+                "user", f"Report {i}: the council of district {i * 13} reviewed the budget and"
+            )
+            return GenerationRequest(
+                request_id="t", messages=(message,), max_tokens=32, sampling=sampling
+            )
+
+        alone = [text(await run(eng, chat(i))) for i in range(8)]
+        together = await asyncio.gather(*(run(eng, chat(i)) for i in range(8)))
+        assert [text(d) for d in together] == alone
+    finally:
+        await eng.stop()
