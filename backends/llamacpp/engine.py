@@ -36,7 +36,7 @@ class LlamaCppOptions(msgspec.Struct, frozen=True, kw_only=True):
     n_threads: int | None = None  # None: every core available to the process
     chat_template: str = "gemma"
     # Results independent of the load at any slot count (always true up to 7 slots); above 7
-    # it costs ~25% aggregate throughput at 8 streams.
+    # it costs about a third of the aggregate throughput at 8 streams (BENCHMARKS.md).
     batch_invariant: bool = False
 
 
