@@ -173,7 +173,7 @@ def _on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Res
     return _render(exc)
 
 
-def _on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     # Litestar's own errors (routing, body limit, its validation): our envelope, our words.
     status = exc.status_code
     mapped: GatewayError
@@ -189,8 +189,8 @@ def _on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Respons
         mapped = InvalidRequest("invalid request")
         mapped.status_code = status
     else:
-        return _on_unexpected(_, exc)
-    _note(_, mapped)
+        return _on_unexpected(request, exc)
+    _note(request, mapped)
     response = _render(mapped)
     if exc.headers:
         response.headers.update(exc.headers)

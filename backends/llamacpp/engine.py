@@ -41,12 +41,11 @@ class LlamaCppOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Handle:
-    __slots__ = ("_queue", "_scheduler", "_seq")
+    __slots__ = ("_scheduler", "_seq")
 
     def __init__(self, scheduler: Scheduler, seq: Sequence) -> None:
         self._scheduler = scheduler
         self._seq = seq
-        self._queue = seq.out
 
     @property
     def prompt_tokens(self) -> int:
@@ -54,7 +53,7 @@ class _Handle:
 
     async def __aiter__(self) -> AsyncIterator[GenerationDelta]:
         while True:
-            item = await self._queue.get()
+            item = await self._seq.out.get()
             if isinstance(item, BaseException):
                 raise item
             yield item

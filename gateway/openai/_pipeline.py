@@ -34,6 +34,7 @@ from ..reqlog import RequestInfo
 __all__ = [
     "SSE_DONE",
     "Run",
+    "finish_reason",
     "sampling_params",
     "sse",
     "stop_strings",
@@ -74,6 +75,11 @@ def sampling_params(body: Any) -> SamplingParams:
         frequency_penalty=body.frequency_penalty or 0.0,
         logit_bias=tuple(bias),
     )
+
+
+def finish_reason(delta: GenerationDelta) -> str:
+    """OpenAI's finish_reason for a final delta (an abort only reaches a client that stayed)."""
+    return "stop" if delta.finish_reason == "abort" else (delta.finish_reason or "stop")
 
 
 def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from ..registry import ModelRegistry
 from ..reqlog import request_info
 from . import types as t
 from ._decode import decode
-from ._pipeline import SSE_DONE, SSE_HEADERS, Run, sampling_params, sse, stop_strings
+from ._pipeline import SSE_DONE, SSE_HEADERS, Run, finish_reason, sampling_params, sse, stop_strings
 
 __all__ = ["chat_completions"]
 
@@ -126,17 +126,13 @@ async def chat_completions(
             t.ChatChoice(
                 0,
                 t.ResponseMessage("assistant", "".join(d.text for d in deltas)),
-                _finish(final),
+                finish_reason(final),
                 logprobs,
             )
         ],
         usage=_usage(final),
     )
     return Response(_encode(completion), media_type="application/json")
-
-
-def _finish(delta: GenerationDelta) -> str:
-    return "stop" if delta.finish_reason == "abort" else (delta.finish_reason or "stop")
 
 
 def _usage(delta: GenerationDelta) -> t.UsageInfo:
@@ -162,7 +158,7 @@ async def _stream(
             if delta.text or logprobs is not None:
                 yield chunk([t.ChunkChoice(0, t.Delta(content=delta.text), None, logprobs)])
             if delta.finish_reason is not None:
-                yield chunk([t.ChunkChoice(0, t.Delta(), _finish(delta))])
+                yield chunk([t.ChunkChoice(0, t.Delta(), finish_reason(delta))])
                 if include_usage:
                     yield chunk([], _usage(delta))
     except Exception as exc:

@@ -11,7 +11,7 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.response import Stream
 
-from backends.types import GenerationDelta, GenerationRequest, TokenLogprob
+from backends.types import GenerationRequest, TokenLogprob
 
 from ..errors import InvalidRequest
 from ..metrics import Metrics
@@ -19,7 +19,7 @@ from ..registry import ModelRegistry
 from ..reqlog import request_info
 from . import types as t
 from ._decode import decode
-from ._pipeline import SSE_DONE, SSE_HEADERS, Run, sampling_params, sse, stop_strings
+from ._pipeline import SSE_DONE, SSE_HEADERS, Run, finish_reason, sampling_params, sse, stop_strings
 
 __all__ = ["completions"]
 
@@ -128,7 +128,7 @@ async def completions(
             for d in deltas:
                 acc.add(d.logprobs)
             logprobs = acc.value
-        choices.append(t.CompletionChoice(index, text, _finish(final), logprobs))
+        choices.append(t.CompletionChoice(index, text, finish_reason(final), logprobs))
     result = t.Completion(
         id=response_id,
         created=created,
@@ -137,10 +137,6 @@ async def completions(
         usage=t.UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens),
     )
     return Response(_encode(result), media_type="application/json")
-
-
-def _finish(delta: GenerationDelta) -> str:
-    return "stop" if delta.finish_reason == "abort" else (delta.finish_reason or "stop")
 
 
 async def _stream(
@@ -159,7 +155,7 @@ async def _stream(
                 acc.add(delta.prompt_logprobs)
                 acc.add(delta.logprobs)
                 logprobs = acc.value if acc.value.tokens else None
-            finish = _finish(delta) if delta.finish_reason is not None else None
+            finish = finish_reason(delta) if delta.finish_reason is not None else None
             if text or logprobs is not None or finish is not None:
                 choice = t.CompletionChoice(index, text, finish, logprobs)
                 yield sse(t.Completion(response_id, created, model, [choice]))
