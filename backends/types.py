@@ -20,6 +20,7 @@ __all__ = [
     "GenerationDelta",
     "GenerationHandle",
     "GenerationRequest",
+    "ModelSource",
     "SamplingParams",
     "TokenLogprob",
     "Usage",
@@ -111,6 +112,23 @@ class GenerationHandle(Protocol):
     def __aiter__(self) -> AsyncIterator[GenerationDelta]: ...
 
     def cancel(self) -> None: ...
+
+
+class ModelSource(Protocol):
+    """Where an engine finds its weights when it starts.
+
+    A plain path needs no source; a source exists for weights that only live in memory (a
+    decrypted bundle): the engine calls `open()` in its loading thread, loads, then `release()`
+    whether loading worked or not, so temporary plaintext lives no longer than the load.
+    """
+
+    def open(self) -> str:
+        """Blocking: a path the engine can read now (a file, /proc/self/fd/N or a directory)."""
+        ...
+
+    def release(self) -> None:
+        """Drop whatever `open()` made; the loaded engine keeps its own mapping."""
+        ...
 
 
 class Engine(Protocol):

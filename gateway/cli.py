@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from . import env
+from .cli_bundles import bundle_app, kms_app, signing_key_app
 from .config import ConfigError, Settings, load_settings
 
 __all__ = ["app", "main"]
@@ -21,6 +22,11 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+app.add_typer(bundle_app, name="bundle")
+app.add_typer(signing_key_app, name="signing-key")
+app.add_typer(kms_app, name="kms")
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -61,6 +67,13 @@ def serve(
         ),
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
+    insecure_plaintext_model: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-plaintext-model",
+            help="Also serve models given as plain files (`path`): unencrypted, unsigned weights.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the OpenAI-compatible API.  With no configuration, serves Gemma 3 270M on llama.cpp."""
     try:
@@ -77,15 +90,17 @@ def serve(
         raise _fail(f"configuration error: {exc}") from None
     lock = _lock_data_dir(Path(settings.data_dir))
     try:
-        _run(settings)
+        _run(settings, allow_plaintext=insecure_plaintext_model)
     finally:
         os.close(lock)
 
 
-def _run(settings: Settings) -> None:
+def _run(settings: Settings, *, allow_plaintext: bool) -> None:
     import resource
 
     import uvicorn
+
+    from bundles import BundleError
 
     from .app import create_app
     from .logs import configure_logging
@@ -94,7 +109,20 @@ def _run(settings: Settings) -> None:
     # A core dump of this process could hold prompts: never write one.
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     configure_logging(settings.server.log_level)
-    registry = build_registry(settings)
+    if allow_plaintext:
+        typer.secho(
+            "WARNING: --insecure-plaintext-model: plain model files will be served; their weights "
+            "are neither encrypted nor signed. Never use this in production.",
+            fg=typer.colors.RED,
+            bold=True,
+            err=True,
+        )
+    try:
+        registry = build_registry(settings, allow_plaintext=allow_plaintext)
+    except ConfigError as exc:
+        raise _fail(f"configuration error: {exc}") from None
+    except BundleError as exc:
+        raise _fail(f"cannot serve the configured bundles: {exc}", code=1) from None
     app_ = create_app(settings, registry=registry)
     server = uvicorn.Server(
         uvicorn.Config(

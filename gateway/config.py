@@ -19,8 +19,10 @@ from msgspec import Meta, Struct
 from . import env
 
 __all__ = [
+    "BundleSettings",
     "ConfigError",
     "EngineSettings",
+    "KmsSettings",
     "ModelSettings",
     "ServerSettings",
     "Settings",
@@ -63,9 +65,10 @@ class ModelSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
         str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
     ]
     engine: Literal["llama.cpp", "echo"] = "llama.cpp"
-    path: str | None = None  # GGUF file (llama.cpp); bundles replace this
+    bundle: str | None = None  # signed, encrypted bundle (directory or .tar): the normal case
+    path: str | None = None  # plain GGUF file: only with `serve --insecure-plaintext-model`
     aliases: list[str] = []
-    chat_template: str = "gemma"
+    chat_template: str | None = None  # default: the bundle's, else "gemma"
     slots: Annotated[int, Meta(ge=1, le=256)] | None = None
     context_length: Annotated[int, Meta(ge=64, le=1_048_576)] | None = None
     batch_size: Annotated[int, Meta(ge=16, le=8192)] | None = None
@@ -74,10 +77,54 @@ class ModelSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
     batch_invariant: bool | None = None
 
 
+class BundleSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Which bundles this gateway accepts."""
+
+    # `ed25519:<base64>` keys, or files holding one per line; the data dir's own signing key
+    # (which seals the embedded default) is always trusted
+    trusted_keys: list[str] = []
+    # key providers a bundle's data key may be unwrapped with (default: every configured one)
+    allowed_providers: list[Literal["local", "pkcs11", "vault-transit", "aws-kms"]] | None = None
+
+
+class LocalKmsSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    key_file: str = ""  # default: <data_dir>/keys/kms-local.json
+
+
+class Pkcs11Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    module: str  # the HSM vendor's PKCS#11 library
+    token_label: str
+    pin_env: str = "AIRGATE_PKCS11_PIN"  # the PIN is read from this variable, never the file
+
+
+class VaultTransitSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    address: str
+    mount: str = "transit"
+    namespace: str | None = None
+    ca_cert: str | None = None
+    token_env: str = "VAULT_TOKEN"  # the token is read from this variable, never the file
+    timeout_s: Annotated[float, Meta(gt=0)] = 10.0
+
+
+class AwsKmsSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    region: str
+    endpoint_url: str | None = None  # a VPC endpoint in an air-gapped network
+    profile: str | None = None  # credentials: boto3's usual chain (env, profile, role)
+
+
+class KmsSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    local: LocalKmsSettings = LocalKmsSettings()
+    pkcs11: Pkcs11Settings | None = None
+    vault_transit: VaultTransitSettings | None = None
+    aws_kms: AwsKmsSettings | None = None
+
+
 class Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     data_dir: str = ""  # filled by load_settings when empty
     server: ServerSettings = ServerSettings()
     engine: EngineSettings = EngineSettings()
+    bundles: BundleSettings = BundleSettings()
+    kms: KmsSettings = KmsSettings()
     models: list[ModelSettings] = []
 
 
@@ -174,5 +221,10 @@ def _check_models(settings: Settings) -> None:
             if name in seen:
                 raise ConfigError(f"model id or alias {name!r} is declared twice")
             seen.add(name)
-        if model.engine == "llama.cpp" and not model.path:
-            raise ConfigError(f"model {model.id!r}: engine llama.cpp needs `path` (a GGUF file)")
+        if model.engine == "echo":
+            continue
+        if bool(model.bundle) == bool(model.path):
+            raise ConfigError(
+                f"model {model.id!r}: give exactly one of `bundle` (a sealed bundle) or `path` "
+                "(a plain GGUF, accepted only with --insecure-plaintext-model)"
+            )

@@ -31,6 +31,8 @@ class ModelRegistry:
         self.load_error: str | None = None  # set when an engine failed to load
         # How the app asks its server to stop (an engine failed to load); the CLI sets it.
         self.request_shutdown: Callable[[], None] = lambda: signal.raise_signal(signal.SIGTERM)
+        # resources the engines needed (KMS sessions), closed after the engines stop
+        self.on_close: list[Callable[[], None]] = []
 
     def resolve(self, name: str) -> ServedModel:
         model = self._by_name.get(name)

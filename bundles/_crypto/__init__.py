@@ -1,0 +1,1 @@
+"""Private cryptographic primitives of the bundle format.  Nothing outside `bundles` uses these."""
