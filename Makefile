@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install dev serve test lint bench clean
+.PHONY: install dev serve test test-services lint bench clean
 
 $(VENV)/.installed: pyproject.toml scripts/llama-wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,12 @@ dev: $(VENV)/.dev
 serve: $(VENV)/.installed
 	$(VENV)/bin/airgate serve $(ARGS)
 
+## Install the system packages the integration tests need (SoftHSM2 for the KMS suite).
+test-services:
+	bash scripts/test-services.sh
+
 ## Install the dev dependencies and run the whole test suite.
-test: $(VENV)/.dev
+test: $(VENV)/.dev test-services
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -12,35 +12,101 @@ Pages of either can still be swapped: run with swap off or encrypted (see README
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
+from ._crypto.stream import wipe as zero
 from .errors import BundleError
 
-__all__ = ["MemfdFile", "PrivateTmpfsDir", "WritableMap"]
+__all__ = ["MemfdFile", "PlainTarget", "PrivateTmpfsDir", "WritableMap"]
 
 _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
 
 
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
+
+
+_CHUNK = 16 << 20
+
+
 class WritableMap:
-    """A shared writable mapping of `size` bytes of `fd` (nothing mapped for size 0)."""
+    """A shared writable mapping of `size` bytes of `fd` (nothing mapped for size 0).
+
+    `populate()` (on a worker thread) allocates and maps the pages ahead of the writer, 16 MiB
+    per system call, the last chunk first (the final segment is decrypted first); the writer
+    calls `wait_ready(start, end)` before writing a range.  Faulting 60,000 pages in one by one
+    while decrypting runs at a third of the speed.
+    """
 
     def __init__(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
         self._map = mmap.mmap(fd, size, mmap.MAP_SHARED) if size else None
         self.view = memoryview(self._map) if self._map is not None else memoryview(bytearray())
+        self._tail = max(0, size - _CHUNK)  # [tail, size) is populated first
+        self._ready_to = 0  # then [0, ready_to)
+        self._tail_ready = size == 0
+        self._cond = threading.Condition()
+        self._cancelled = False
+        self._started = False
+
+    def populate(self) -> None:
+        """Allocate every page now.  Through ctypes, which releases the GIL (Python's
+        mmap(MAP_POPULATE) holds it), so this overlaps the loader's ciphertext digest.  On
+        kernels without MADV_POPULATE_WRITE (before 5.14) pages simply fault in on write."""
+        with self._cond:
+            self._started = True
+        try:
+            if self._map is None:
+                return
+            anchor = ctypes.c_char.from_buffer(self._map)
+            try:
+                base = ctypes.addressof(anchor)
+                size = len(self._map)
+                _libc.madvise(base + self._tail, size - self._tail, _MADV_POPULATE_WRITE)
+                with self._cond:
+                    self._tail_ready = True
+                    self._cond.notify_all()
+                for start in range(0, self._tail, _CHUNK):
+                    if self._cancelled:
+                        return
+                    length = min(_CHUNK, self._tail - start)
+                    _libc.madvise(base + start, length, _MADV_POPULATE_WRITE)
+                    with self._cond:
+                        self._ready_to = start + length
+                        self._cond.notify_all()
+            finally:
+                del anchor
+        finally:
+            with self._cond:
+                self._tail_ready, self._ready_to = True, len(self.view)
+                self._cond.notify_all()
+
+    def cancel(self) -> None:
+        """Stop `populate()` after its current chunk (the load failed)."""
+        self._cancelled = True
+
+    def wait_ready(self, start: int, end: int) -> None:
+        """Block until [start, end) is populated; at once if no `populate()` has begun (the
+        pages then fault in on write: populating is only ever a speed-up)."""
+        with self._cond:
+            if not self._started:
+                return
+            self._cond.wait_for(
+                lambda: end <= self._ready_to or (start >= self._tail and self._tail_ready)
+            )
 
     def close(self, *, wipe: bool) -> None:
         if wipe and self._map is not None:
-            step = 1 << 20
-            zeros = bytes(step)
-            for start in range(0, len(self.view), step):
-                end = min(start + step, len(self.view))
-                self.view[start:end] = zeros[: end - start]
+            zero(self.view)
         self.view.release()
         if self._map is not None:
             self._map.close()
@@ -135,3 +201,70 @@ class PrivateTmpfsDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+class PlainTarget:
+    """The plaintext home of one bundle, allocated before decryption starts.
+
+    A single-file model gets a memfd; a multi-file model a private tmpfs directory.  Allocating
+    the pages is as slow as a digest, so the loader runs `populate()` on a worker thread while
+    it checks digests, and decrypts right behind it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        files: list[tuple[str, int]],
+        *,
+        single_file: bool,
+        tmpfs_root: Path | None = None,
+    ) -> None:
+        self.memfd: MemfdFile | None = None
+        self.tmpdir: PrivateTmpfsDir | None = None
+        self.maps: dict[str, WritableMap] = {}
+        try:
+            if single_file:
+                ((relative, size),) = files
+                self.memfd = MemfdFile(name, size)
+                self.maps[relative] = self.memfd.map
+            else:
+                self.tmpdir = PrivateTmpfsDir(tmpfs_root)
+                for relative, size in files:
+                    self.maps[relative] = self.tmpdir.create(relative, size)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def populate(self) -> None:
+        """Allocate every page (run on a worker thread; writers wait per range)."""
+        for writable in self.maps.values():
+            writable.populate()
+
+    def cancel(self) -> None:
+        for writable in self.maps.values():
+            writable.cancel()
+
+    @property
+    def path(self) -> str:
+        if self.memfd is not None:
+            return self.memfd.path
+        assert self.tmpdir is not None
+        return str(self.tmpdir.path)
+
+    def complete(self) -> None:
+        """Writing is over: seal the memfd / unmap the tmpfs files."""
+        self.maps.clear()
+        if self.memfd is not None:
+            self.memfd.seal()
+        if self.tmpdir is not None:
+            self.tmpdir.finish()
+
+    def abandon(self) -> None:
+        """Zero what was written and let go of everything."""
+        self.maps.clear()
+        if self.memfd is not None:
+            self.memfd.abandon()
+            self.memfd = None
+        if self.tmpdir is not None:
+            self.tmpdir.abandon()
+            self.tmpdir = None

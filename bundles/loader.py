@@ -10,16 +10,19 @@ into a throwaway private buffer).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-import mmap
+import queue
+import threading
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from ._crypto.stream import SegmentDecrypter, plaintext_size
-from ._plain import MemfdFile, PrivateTmpfsDir
+from ._crypto.stream import SegmentDecrypter, plaintext_size, wipe
+from ._plain import PlainTarget, WritableMap
 from ._store import MANIFEST, SIGNATURE, BundleStore, payload_name
 from .errors import (
     BundleFormatError,
@@ -76,21 +79,21 @@ class OpenedModel:
     digest: str
     signer: str
     path: str  # /proc/self/fd/N (one GGUF) or a private tmpfs directory (safetensors)
-    _memfd: MemfdFile | None = field(default=None, repr=False)
-    _tmpdir: PrivateTmpfsDir | None = field(default=None, repr=False)
+    _target: PlainTarget | None = field(default=None, repr=False)
 
     @property
     def fd(self) -> int | None:
-        return None if self._memfd is None else self._memfd.fd
+        memfd = self._target.memfd if self._target is not None else None
+        return None if memfd is None else memfd.fd
 
     def release(self) -> None:
         """Drop our handle: a loaded engine keeps its own mapping; the tmpfs copy is removed."""
-        if self._memfd is not None:
-            self._memfd.close()
-            self._memfd = None
-        if self._tmpdir is not None:
-            self._tmpdir.remove()
-            self._tmpdir = None
+        if self._target is not None:
+            if self._target.memfd is not None:
+                self._target.memfd.close()
+            if self._target.tmpdir is not None:
+                self._target.tmpdir.remove()
+            self._target = None
 
     def __enter__(self) -> OpenedModel:
         return self
@@ -173,6 +176,31 @@ def read_manifest(path: str | Path, trusted: TrustedKeys | None) -> VerifiedBund
     return VerifiedBundle(store, manifest, hashlib.sha256(manifest_bytes).hexdigest(), signer)
 
 
+def _verify_signed(
+    path: str | Path,
+    trusted: TrustedKeys,
+    now: datetime,
+    engine: str | None,
+    on_step: StepHook | None,
+) -> VerifiedBundle:
+    bundle = read_manifest(path, trusted)
+    _step(on_step, bundle, "signature verified", signer=bundle.signer)
+    _check_policy(bundle.manifest, now, engine)
+    _step(on_step, bundle, "policy checked")
+    _check_files(bundle.store, bundle.manifest)
+    return bundle
+
+
+def _verify_ciphertext(
+    bundle: VerifiedBundle, progress: Progress | None, on_step: StepHook | None
+) -> None:
+    for entry in bundle.manifest.files:
+        with bundle.store.map(payload_name(entry.path)) as view:
+            if _digest(view, progress, "verify ciphertext") != entry.ciphertext_sha256:
+                raise BundleIntegrityError("ciphertext digest", file=entry.path)
+    _step(on_step, bundle, "ciphertext digests verified")
+
+
 def verify_bundle(
     path: str | Path,
     trusted: TrustedKeys,
@@ -183,17 +211,8 @@ def verify_bundle(
     on_step: StepHook | None = None,
 ) -> VerifiedBundle:
     """Signature, policy, sizes and ciphertext digests: everything that needs no key."""
-    bundle = read_manifest(path, trusted)
-    store, manifest = bundle.store, bundle.manifest
-    _step(on_step, bundle, "signature verified", signer=bundle.signer)
-    _check_policy(manifest, now, engine)
-    _step(on_step, bundle, "policy checked")
-    _check_files(store, manifest)
-    for entry in manifest.files:
-        with store.map(payload_name(entry.path)) as view:
-            if _digest(view, progress, "verify ciphertext") != entry.ciphertext_sha256:
-                raise BundleIntegrityError("ciphertext digest", file=entry.path)
-    _step(on_step, bundle, "ciphertext digests verified")
+    bundle = _verify_signed(path, trusted, now, engine, on_step)
+    _verify_ciphertext(bundle, progress, on_step)
     return bundle
 
 
@@ -224,26 +243,56 @@ def unwrap_data_key(
     raise KeyUnwrapError()
 
 
+class _Hasher:
+    """SHA-256 of plaintext segments on a second thread, behind the decryption.
+
+    hashlib releases the GIL on large buffers, so digesting overlaps decrypting the next
+    segment; segments arrive in file order (see `SegmentDecrypter.decrypt_into`).
+    """
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self._queue: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="airgate-digest", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (segment := self._queue.get()) is not None:
+            self._digest.update(segment)
+
+    def add(self, segment: memoryview) -> None:
+        self._queue.put(segment)
+
+    def hexdigest(self) -> str:
+        self._queue.put(None)
+        self._thread.join()
+        return self._digest.hexdigest()
+
+
 def _decrypt_file(
     view: memoryview,
-    out: memoryview,
+    out: WritableMap,
     entry: FileEntry,
     manifest: Manifest,
     dek: bytearray,
     progress: Progress | None,
 ) -> None:
-    digest = hashlib.sha256()
+    hasher = _Hasher()
 
     def absorb(segment: memoryview) -> None:
-        digest.update(segment)
+        hasher.add(segment)
         if progress is not None:
             progress("decrypt", len(segment), entry.plaintext_size)
 
     decrypter = SegmentDecrypter(
         dek, file_associated_data(manifest.bundle_id, entry.path), manifest.crypto.segment_size
     )
-    decrypter.decrypt_into(view, out, absorb)
-    if digest.hexdigest() != entry.plaintext_sha256:
+    try:
+        decrypter.decrypt_into(view, out.view, absorb, out.wait_ready)
+    finally:
+        digest = hasher.hexdigest()  # always joins the thread, also on failure
+    if digest != entry.plaintext_sha256:
+        wipe(out.view)
         raise BundleIntegrityError("plaintext digest", file=entry.path)
 
 
@@ -259,54 +308,47 @@ def open_bundle(
     on_step: StepHook | None = None,
     tmpfs_root: Path | None = None,
 ) -> OpenedModel:
-    """Verify and decrypt a bundle into memory; the result is ready to hand to `engine`."""
-    bundle = verify_bundle(
-        path, trusted, now=now, engine=engine, progress=progress, on_step=on_step
-    )
+    """Verify and decrypt a bundle into memory; the result is ready to hand to `engine`.
+
+    `tmpfs_root` (tests) replaces the tmpfs search for multi-file models.
+    """
+    bundle = _verify_signed(path, trusted, now, engine, on_step)
     manifest = bundle.manifest
-    dek, wrap = unwrap_data_key(manifest, providers, allowed_providers)
-    try:
-        _step(on_step, bundle, "data key unwrapped", provider=f"{wrap.provider}:{wrap.key_ref}")
-        opened = _decrypt_all(bundle, dek, progress, tmpfs_root)
-    finally:
-        dek[:] = bytes(len(dek))
-    _step(
-        on_step,
-        bundle,
-        "decrypted and verified",
-        into="memfd" if opened.fd is not None else "tmpfs",
+    if manifest.model.weight_format == "gguf" and len(manifest.files) != 1:
+        raise BundleFormatError("a GGUF bundle holds exactly one file")
+    target = PlainTarget(
+        f"airgate:{manifest.model.name}",
+        [(f.path, f.plaintext_size) for f in manifest.files],
+        single_file=manifest.model.weight_format == "gguf",
+        tmpfs_root=tmpfs_root,
     )
-    return opened
-
-
-def _decrypt_all(
-    bundle: VerifiedBundle, dek: bytearray, progress: Progress | None, tmpfs_root: Path | None
-) -> OpenedModel:
-    manifest, store = bundle.manifest, bundle.store
-    if manifest.model.weight_format == "gguf":
-        if len(manifest.files) != 1:
-            raise BundleFormatError("a GGUF bundle holds exactly one file")
-        entry = manifest.files[0]
-        memfd = MemfdFile(f"airgate:{manifest.model.name}", entry.plaintext_size)
+    # Allocating the plaintext memory costs as much as a digest: a worker thread does it while
+    # the ciphertext is checked; nothing is decrypted into it before the data key is unwrapped.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="airgate-alloc") as pool:
+        populating = pool.submit(target.populate)
         try:
-            with store.map(payload_name(entry.path)) as view:
-                _decrypt_file(view, memfd.map.view, entry, manifest, dek, progress)
-            memfd.seal()
+            _verify_ciphertext(bundle, progress, on_step)
+            dek, wrap = unwrap_data_key(manifest, providers, allowed_providers)
+            try:
+                via = f"{wrap.provider}:{wrap.key_ref}"
+                _step(on_step, bundle, "data key unwrapped", provider=via)
+                for entry in manifest.files:
+                    with bundle.store.map(payload_name(entry.path)) as view:
+                        _decrypt_file(view, target.maps[entry.path], entry, manifest, dek, progress)
+                populating.result()
+                target.complete()
+            finally:
+                dek[:] = bytes(len(dek))
         except BaseException:
-            memfd.abandon()
+            target.cancel()
+            with contextlib.suppress(Exception):
+                populating.result()
+            target.abandon()
             raise
-        return OpenedModel(manifest, bundle.digest, bundle.signer, memfd.path, _memfd=memfd)
-    tmpdir = PrivateTmpfsDir(tmpfs_root)
-    try:
-        for entry in manifest.files:
-            out = tmpdir.create(entry.path, entry.plaintext_size)
-            with store.map(payload_name(entry.path)) as view:
-                _decrypt_file(view, out.view, entry, manifest, dek, progress)
-        tmpdir.finish()
-    except BaseException:
-        tmpdir.abandon()
-        raise
-    return OpenedModel(manifest, bundle.digest, bundle.signer, str(tmpdir.path), _tmpdir=tmpdir)
+    opened = OpenedModel(manifest, bundle.digest, bundle.signer, target.path, _target=target)
+    into = "memfd" if opened.fd is not None else "tmpfs"
+    _step(on_step, bundle, "decrypted and verified", into=into)
+    return opened
 
 
 def decrypt_check(
@@ -315,20 +357,18 @@ def decrypt_check(
     *,
     progress: Progress | None = None,
 ) -> None:
-    """Full check for `bundle verify --decrypt`: decrypt into private anonymous memory.
-
-    The pages are unmapped right after each file; the kernel zeroes them before reuse.
-    """
+    """Full check for `bundle verify --decrypt`: decrypt into a scratch memfd, then wipe it."""
     dek, _ = unwrap_data_key(bundle.manifest, providers)
     try:
         for entry in bundle.manifest.files:
-            buffer = mmap.mmap(-1, max(entry.plaintext_size, 1))
-            view = memoryview(buffer)[: entry.plaintext_size]
+            scratch = PlainTarget(
+                "airgate:verify", [(entry.path, entry.plaintext_size)], single_file=True
+            )
             try:
                 with bundle.store.map(payload_name(entry.path)) as cipher:
-                    _decrypt_file(cipher, view, entry, bundle.manifest, dek, progress)
+                    out = scratch.maps[entry.path]
+                    _decrypt_file(cipher, out, entry, bundle.manifest, dek, progress)
             finally:
-                view.release()
-                buffer.close()
+                scratch.abandon()
     finally:
         dek[:] = bytes(len(dek))

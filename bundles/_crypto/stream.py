@@ -38,6 +38,7 @@ __all__ = [
     "ciphertext_size",
     "plaintext_size",
     "segment_bounds",
+    "wipe",
 ]
 
 KEY_SIZE = 32
@@ -183,11 +184,14 @@ class SegmentDecrypter:
         ciphertext: memoryview,
         out: memoryview,
         on_plaintext: Callable[[memoryview], None] | None = None,
+        before_write: Callable[[int, int], None] | None = None,
     ) -> None:
         """Check the length, authenticate the final segment first, then decrypt the rest.
 
         `on_plaintext` sees each authenticated segment's plaintext in file order (to digest it
-        while it is still in cache).  On any failure `out` is zeroed before the error leaves.
+        while it is still in cache); `before_write(start, end)` is called before a segment's
+        plaintext range is written (to wait for its memory).  On any failure `out` is zeroed
+        before the error leaves.
         """
         cipher = len(ciphertext)
         plain = plaintext_size(cipher, self.segment_size)
@@ -204,6 +208,8 @@ class SegmentDecrypter:
             for index in (last, *range(last)):
                 offset, length, plain_offset = bounds[index]
                 target = out[plain_offset : plain_offset + length - TAG_SIZE]
+                if before_write is not None:
+                    before_write(plain_offset, plain_offset + len(target))
                 try:
                     aead.decrypt_into(
                         _nonce(prefix, index, index == last),
@@ -219,7 +225,7 @@ class SegmentDecrypter:
                 offset, length, plain_offset = bounds[last]
                 on_plaintext(out[plain_offset : plain_offset + length - TAG_SIZE])
         except BaseException:
-            _wipe(out)
+            wipe(out)
             raise
 
 
@@ -259,7 +265,8 @@ class SegmentDecrypter:
         return bytes(out)
 
 
-def _wipe(buffer: memoryview) -> None:
+def wipe(buffer: memoryview) -> None:
+    """Zero `buffer` in place, a MiB at a time."""
     step = 1 << 20
     zeros = bytes(min(step, len(buffer)))
     for start in range(0, len(buffer), step):
