@@ -134,12 +134,16 @@ class MemfdFile:
         fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, _SEALS)
 
     def abandon(self) -> None:
-        self.map.close(wipe=True)
-        os.close(self.fd)
+        try:
+            self.map.close(wipe=True)
+        finally:
+            os.close(self.fd)
 
     def close(self) -> None:
-        self.map.close(wipe=False)
-        os.close(self.fd)
+        try:
+            self.map.close(wipe=False)
+        finally:
+            os.close(self.fd)
 
 
 def _tmpfs_mounts() -> set[str]:
@@ -194,10 +198,12 @@ class PrivateTmpfsDir:
         self._maps.clear()
 
     def abandon(self) -> None:
-        for writable in self._maps:
-            writable.close(wipe=True)
-        self._maps.clear()
-        self.remove()
+        try:
+            for writable in self._maps:
+                writable.close(wipe=True)
+        finally:
+            self._maps.clear()
+            self.remove()
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -262,9 +268,10 @@ class PlainTarget:
     def abandon(self) -> None:
         """Zero what was written and let go of everything."""
         self.maps.clear()
-        if self.memfd is not None:
-            self.memfd.abandon()
-            self.memfd = None
-        if self.tmpdir is not None:
-            self.tmpdir.abandon()
-            self.tmpdir = None
+        memfd, tmpdir, self.memfd, self.tmpdir = self.memfd, self.tmpdir, None, None
+        try:
+            if memfd is not None:
+                memfd.abandon()
+        finally:
+            if tmpdir is not None:
+                tmpdir.abandon()

@@ -8,7 +8,6 @@ the signature covers the exact bytes of `manifest.json`.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import os
 import stat
@@ -63,7 +62,7 @@ def parse_public_key(text: str) -> Ed25519PublicKey:
     try:
         raw = base64.b64decode(text[len(_PREFIX) :], validate=True)
         return Ed25519PublicKey.from_public_bytes(raw)
-    except (binascii.Error, ValueError):
+    except ValueError:  # binascii.Error included
         raise SigningKeyError("a trusted key is not a valid Ed25519 public key") from None
 
 
@@ -162,7 +161,7 @@ def verify_manifest(manifest_bytes: bytes, sig_bytes: bytes | None, trusted: Tru
     try:
         sig = msgspec.json.decode(sig_bytes, type=Signature)
         raw = base64.b64decode(sig.signature, validate=True)
-    except (msgspec.DecodeError, binascii.Error):
+    except (msgspec.DecodeError, ValueError):  # binascii.Error is a ValueError
         raise BundleSignatureError("manifest.sig is malformed") from None
     public = trusted.get(sig.key_id)
     if public is None:

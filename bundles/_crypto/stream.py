@@ -207,27 +207,29 @@ class SegmentDecrypter:
         try:
             for index in (last, *range(last)):
                 offset, length, plain_offset = bounds[index]
-                target = out[plain_offset : plain_offset + length - TAG_SIZE]
+                end = plain_offset + length - TAG_SIZE
                 if before_write is not None:
-                    before_write(plain_offset, plain_offset + len(target))
-                try:
-                    aead.decrypt_into(
-                        _nonce(prefix, index, index == last),
-                        ciphertext[offset : offset + length],
-                        None,
-                        target,
-                    )
-                except InvalidTag:
-                    raise BundleIntegrityError("segment") from None
+                    before_write(plain_offset, end)
+                # a `with` releases the slice at once, also when the tag fails: a live export
+                # of `out` would stop its owner from unmapping it
+                with out[plain_offset:end] as target:
+                    try:
+                        aead.decrypt_into(
+                            _nonce(prefix, index, index == last),
+                            ciphertext[offset : offset + length],
+                            None,
+                            target,
+                        )
+                    except InvalidTag:
+                        raise BundleIntegrityError("segment") from None
                 if on_plaintext is not None and index != last:
-                    on_plaintext(target)
+                    on_plaintext(out[plain_offset:end])  # the consumer owns this slice
             if on_plaintext is not None:
                 offset, length, plain_offset = bounds[last]
                 on_plaintext(out[plain_offset : plain_offset + length - TAG_SIZE])
         except BaseException:
             wipe(out)
             raise
-
 
     def read(self, ciphertext: memoryview, offset: int, length: int) -> bytes:
         """`length` plaintext bytes from `offset`, decrypting only the segments they touch.

@@ -221,11 +221,77 @@ def test_duplicate_model_id_or_alias(tmp_path: Path, models: str) -> None:
         load_settings(path, environ=NO_ENV)
 
 
-def test_llamacpp_model_needs_a_path(tmp_path: Path) -> None:
-    path = _write(tmp_path, '[[models]]\nid = "gemma"\n')  # llama.cpp is the default engine
-    with pytest.raises(ConfigError, match="path") as info:
+@pytest.mark.parametrize(
+    "model",
+    [
+        '[[models]]\nid = "gemma"\n',
+        '[[models]]\nid = "gemma"\nbundle = "/b"\npath = "/m.gguf"\n',
+    ],
+    ids=["neither", "both"],
+)
+def test_llamacpp_model_needs_exactly_a_bundle_or_a_path(tmp_path: Path, model: str) -> None:
+    path = _write(tmp_path, model)
+    with pytest.raises(ConfigError, match="exactly one of `bundle`") as info:
         load_settings(path, environ=NO_ENV)
     assert "gemma" in str(info.value)
+    assert "--insecure-plaintext-model" in str(info.value)
+
+
+def test_bundle_and_kms_sections(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+[bundles]
+trusted_keys = ["ed25519:AAAA", "/etc/airgate/release.pub"]
+allowed_providers = ["pkcs11", "vault-transit"]
+
+[kms.local]
+key_file = "/etc/airgate/kms.json"
+
+[kms.pkcs11]
+module = "/usr/lib/softhsm/libsofthsm2.so"
+token_label = "airgate"
+
+[kms.vault_transit]
+address = "https://vault.internal:8200"
+namespace = "bank"
+
+[kms.aws_kms]
+region = "eu-west-1"
+endpoint_url = "https://vpce-1.kms.eu-west-1.vpce.amazonaws.com"
+
+[[models]]
+id = "gemma"
+bundle = "/srv/bundles/gemma.tar"
+""",
+    )
+    settings = load_settings(path, environ=NO_ENV)
+    assert settings.bundles.allowed_providers == ["pkcs11", "vault-transit"]
+    assert settings.kms.local.key_file == "/etc/airgate/kms.json"
+    assert settings.kms.pkcs11 is not None and settings.kms.pkcs11.pin_env == "AIRGATE_PKCS11_PIN"
+    assert settings.kms.vault_transit is not None
+    assert settings.kms.vault_transit.token_env == "VAULT_TOKEN"
+    assert settings.kms.aws_kms is not None and settings.kms.aws_kms.region == "eu-west-1"
+    assert settings.models[0].bundle == "/srv/bundles/gemma.tar"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[kms.pkcs11]\nmodule = "m"\ntoken_label = "t"\npin = "1234"\n', "kms.pkcs11.pin"),
+        ('[kms.pkcs11]\nmodule = "m"\n', "kms.pkcs11"),
+        ('[kms.vault_transit]\naddress = "a"\ntoken = "s.secret"\n', "kms.vault_transit.token"),
+        ('[bundles]\nallowed_providers = ["gcp"]\n', "bundles.allowed_providers"),
+        ('[kms.azure]\nx = 1\n', "kms.azure"),
+    ],
+    ids=["pin-in-file", "missing-token-label", "token-in-file", "unknown-provider", "unknown-kms"],
+)
+def test_bad_kms_settings_name_the_key(tmp_path: Path, text: str, key: str) -> None:
+    # secrets are refused in the file: only the name of the variable holding them is accepted
+    with pytest.raises(ConfigError) as info:
+        load_settings(_write(tmp_path, text), environ=NO_ENV)
+    assert key in str(info.value)
+    assert "1234" not in str(info.value) and "s.secret" not in str(info.value)
 
 
 def test_echo_model_needs_no_path(tmp_path: Path) -> None:
