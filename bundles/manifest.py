@@ -36,10 +36,9 @@ KEY_PURPOSE = "airgate-bundle-dek"
 
 Sha256 = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
 Size = Annotated[int, Meta(ge=0)]
-# relative, forward slashes, no "..", no hidden or empty parts: safe to join under a directory
-RelPath = Annotated[
-    str, Meta(min_length=1, max_length=255, pattern=r"^(?!.*(^|/)\.)[A-Za-z0-9_][A-Za-z0-9_./+-]*$")
-]
+# relative, "/"-separated, no empty, hidden or ".." parts: safe to join under a directory
+_PART = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"
+RelPath = Annotated[str, Meta(min_length=1, max_length=255, pattern=rf"^{_PART}(/{_PART})*$")]
 Timestamp = Annotated[str, Meta(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")]
 
 

@@ -51,12 +51,17 @@ class SourceFile:
 
 
 def sources_from_path(path: Path) -> list[SourceFile]:
-    """A model file, or every regular file under a model directory (symlinks refused)."""
+    """A model file, or every regular file under a model directory.
+
+    Hidden files and directories are left out; symlinks are refused (seal what is there).
+    """
     if path.is_file():
         files = [(path, path.name)]
     elif path.is_dir():
         files = []
         for file in sorted(path.rglob("*")):
+            if any(part.startswith(".") for part in file.relative_to(path).parts):
+                continue  # .git, .cache, .gitattributes: never model weights
             if file.is_symlink():
                 raise BundleFormatError(f"{file} is a symlink; seal real files only")
             if file.is_file():
@@ -185,6 +190,7 @@ def seal_bundle(
             key_wraps=wraps,
             policy=BundlePolicy(allowed_engines=engines, max_offline_days=max_offline_days),
         )
+        decode_manifest(encode_manifest(manifest))  # what a loader will accept, or raise now
         _write_signed(work, manifest, signing_key)
         if out.suffix == ".tar":
             partial = out.with_name(f".{out.name}.{secrets.token_hex(4)}")
