@@ -40,10 +40,9 @@ from bundles import (
     sources_from_path,
     verify_bundle,
 )
-from bundles.kms import rotate_key
 
 from .config import ConfigError, Settings, load_settings
-from .kms import KeyProviders, local_key_file
+from .kms import KeyProviders, local_key_file, rotate_provider_key
 from .weights import trusted_keys
 
 __all__ = ["bundle_app", "kms_app", "signing_key_app"]
@@ -52,7 +51,7 @@ bundle_app = typer.Typer(
     help="Seal, inspect, verify and re-key model bundles.", no_args_is_help=True
 )
 signing_key_app = typer.Typer(help="Ed25519 keys that sign bundle manifests.", no_args_is_help=True)
-kms_app = typer.Typer(help="The local key provider's key file.", no_args_is_help=True)
+kms_app = typer.Typer(help="Key-encryption keys: create and rotate.", no_args_is_help=True)
 
 _err = Console(stderr=True)
 _out = Console()
@@ -378,12 +377,15 @@ def kms_init(
 
 @kms_app.command("rotate")
 def kms_rotate(
-    key: Annotated[str, typer.Option(help="Key name to add a version to.")] = "default",
+    key: Annotated[str, typer.Option(help="Key name (<key-ref>) to add a version to.")] = "default",
+    provider: Annotated[
+        str, typer.Option(help="local, pkcs11 or vault-transit (as configured in [kms.*]).")
+    ] = "local",
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Add a new version of a local key; `bundle rekey --rewrap` moves bundles onto it."""
+    """Add a new key version; `bundle rekey --rewrap` then moves bundles onto it."""
     settings = _settings(config, data_dir)
     with _errors():
-        version = rotate_key(local_key_file(settings), key)
-    _out.print(f"local:{key} is now at version {version}", highlight=False)
+        message = rotate_provider_key(settings, provider, key)
+    _out.print(message, highlight=False)

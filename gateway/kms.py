@@ -7,6 +7,7 @@ configuration names, never from the file.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -15,7 +16,9 @@ from bundles import KeyProvider, KeyProviderError, LocalKeyProvider
 
 from .config import Settings
 
-__all__ = ["KeyProviders", "local_key_file"]
+__all__ = ["KeyProviders", "local_key_file", "rotate_provider_key"]
+
+_log = logging.getLogger("airgate.kms")
 
 
 def local_key_file(settings: Settings) -> Path:
@@ -76,7 +79,14 @@ class KeyProviders(Mapping[str, KeyProvider]):
 
     def __getitem__(self, name: str) -> KeyProvider:
         if name not in self._built:
-            self._built[name] = self._factories[name]()
+            factory = self._factories[name]
+            try:
+                self._built[name] = factory()
+            except KeyProviderError:
+                raise
+            except Exception as exc:  # an SDK that cannot start: say which, not its text
+                _log.warning("kms %s could not start: %s", name, type(exc).__name__)
+                raise KeyProviderError(f"key provider {name!r} could not start") from None
         return self._built[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -89,3 +99,39 @@ class KeyProviders(Mapping[str, KeyProvider]):
         for provider in self._built.values():
             provider.close()
         self._built.clear()
+
+
+def rotate_provider_key(settings: Settings, provider: str, key_ref: str) -> str:
+    """Add a new version of a key-encryption key; returns a line saying what happened.
+
+    `bundle rekey --rewrap` then moves bundles onto it.  AWS KMS rotates its keys itself.
+    """
+    from bundles.kms import rotate_key
+
+    if provider == "local":
+        version = rotate_key(local_key_file(settings), key_ref)
+        return f"local:{key_ref} is now at version {version}"
+    if provider == "pkcs11" and (p11 := settings.kms.pkcs11) is not None:
+        from bundles.kms.pkcs11 import create_key
+
+        version = create_key(p11.module, p11.token_label, _secret(p11.pin_env, "the PIN"), key_ref)
+        return f"pkcs11:{key_ref} is now at version {version}"
+    if provider == "vault-transit" and (vault := settings.kms.vault_transit) is not None:
+        from bundles.kms.vault import rotate_key as rotate_transit_key
+
+        rotate_transit_key(
+            vault.address,
+            _secret(vault.token_env, "the Vault token"),
+            key_ref,
+            mount=vault.mount,
+            namespace=vault.namespace,
+            ca_cert=vault.ca_cert,
+            timeout_s=vault.timeout_s,
+        )
+        return f"vault-transit:{key_ref} rotated"
+    if provider == "aws-kms":
+        raise KeyProviderError(
+            "AWS KMS rotates key material itself; to move bundles to another key, "
+            "`bundle rekey --add aws-kms:<new key> --remove aws-kms:<old key>`"
+        )
+    raise KeyProviderError(f"key provider {provider!r} is not configured")
