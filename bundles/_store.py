@@ -10,12 +10,14 @@ tar), so digesting and decrypting never copy ciphertext through Python.
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from .errors import BundleFormatError, BundleIntegrityError
 
@@ -141,13 +143,36 @@ def _index_tar(path: Path) -> dict[str, tuple[int, int]]:
     return members
 
 
-def write_tar(source_dir: Path, target: Path) -> None:
-    """Pack a bundle directory into one tar (plain ustar/pax, sorted, no owner names)."""
+class _Counting(io.RawIOBase):
+    """A file read through, reporting bytes to a progress callback (for `tar.addfile`)."""
+
+    def __init__(self, file: BinaryIO, report: Callable[[int], None]) -> None:
+        self._file, self._report = file, report
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._file.readinto(buffer)  # type: ignore[attr-defined]
+        self._report(n)
+        return int(n)
+
+
+def write_tar(
+    source_dir: Path, target: Path, progress: Callable[[str, int, int], None] | None = None
+) -> None:
+    """Pack a bundle directory into one tar (pax, sorted, no owner names)."""
+    files = sorted(p for p in source_dir.rglob("*") if p.is_file())
+    total = sum(f.stat().st_size for f in files)
     with tarfile.open(target, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for file in sorted(p for p in source_dir.rglob("*") if p.is_file()):
+        for file in files:
             info = tar.gettarinfo(file, arcname=file.relative_to(source_dir).as_posix())
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             info.mode = 0o644
             with file.open("rb") as f:
-                tar.addfile(info, f)
+                if progress is None:
+                    tar.addfile(info, f)
+                else:
+                    reader = _Counting(f, lambda n: progress("pack tar", n, total))
+                    tar.addfile(info, io.BufferedReader(reader))

@@ -151,10 +151,10 @@ def _check_files(store: BundleStore, manifest: Manifest) -> None:
 def _digest(view: memoryview, progress: Progress | None, step: str) -> str:
     digest = hashlib.sha256()
     for start in range(0, len(view), _HASH_BLOCK):
-        block = view[start : start + _HASH_BLOCK]
-        digest.update(block)
-        if progress is not None:
-            progress(step, len(block), len(view))
+        with view[start : start + _HASH_BLOCK] as block:  # released at once: see BundleStore.map
+            digest.update(block)
+            if progress is not None:
+                progress(step, len(block), len(view))
     return digest.hexdigest()
 
 

@@ -194,7 +194,7 @@ def seal_bundle(
         _write_signed(work, manifest, signing_key)
         if out.suffix == ".tar":
             partial = out.with_name(f".{out.name}.{secrets.token_hex(4)}")
-            write_tar(work, partial)
+            write_tar(work, partial, progress)
             os.replace(partial, out)
         else:
             os.chmod(work, 0o755)
@@ -226,6 +226,7 @@ def rekey_bundle(
     add: Sequence[str] = (),
     remove: Sequence[str] = (),
     rewrap: bool = False,
+    progress: Progress | None = None,
 ) -> Manifest:
     """Change who can unwrap the data key; the payload files are not read or rewritten.
 
@@ -265,7 +266,7 @@ def rekey_bundle(
         raise BundleError("refusing to remove the last recipient: nobody could open the bundle")
     updated = msgspec.structs.replace(manifest, key_wraps=wraps)
     if store.is_tar:
-        _rewrite_tar(store, updated, signing_key)
+        _rewrite_tar(store, updated, signing_key, progress)
     else:
         _write_signed(path, updated, signing_key)
     return updated
@@ -280,7 +281,13 @@ def _rewrap(
     return provider.rewrap(wrap, context)
 
 
-def _rewrite_tar(store: BundleStore, manifest: Manifest, signing_key: Ed25519PrivateKey) -> None:
+def _rewrite_tar(
+    store: BundleStore,
+    manifest: Manifest,
+    signing_key: Ed25519PrivateKey,
+    progress: Progress | None,
+) -> None:
+    """A tar cannot be edited in place: copy the payload (unchanged) into a new one."""
     target = store.root
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -288,10 +295,14 @@ def _rewrite_tar(store: BundleStore, manifest: Manifest, signing_key: Ed25519Pri
             name = payload_name(entry.path)
             (work / name).parent.mkdir(parents=True, exist_ok=True)
             with store.map(name) as view, (work / name).open("xb") as f:
-                f.write(view)
+                for start in range(0, len(view), 8 << 20):
+                    with view[start : start + (8 << 20)] as block:
+                        f.write(block)
+                        if progress is not None:
+                            progress("copy payload", len(block), entry.ciphertext_size)
         _write_signed(work, manifest, signing_key)
         partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}")
-        write_tar(work, partial)
+        write_tar(work, partial, progress)
         os.replace(partial, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -186,6 +186,7 @@ def create(
     with _errors():
         sources = sources_from_path(source)
         key = load_signing_key(signing_key)
+        # (a .tar target adds a "pack tar" bar when packing starts)
         with _Bars({"encrypt": sum(s.size for s in sources)}) as bars:
             manifest = seal_bundle(
                 sources,
@@ -324,16 +325,20 @@ def rekey(
         configured = trusted_keys(settings)
         extra = TrustedKeys.from_texts_or_files(trusted_key or [])
         trusted = TrustedKeys([*configured.keys(), *extra.keys(), key.public_key()])
+        current = read_manifest(bundle, None).manifest
+        copy = sum(f.ciphertext_size for f in current.files) if bundle.is_file() else 0
         try:
-            manifest = rekey_bundle(
-                bundle,
-                trusted=trusted,
-                providers=providers,
-                signing_key=key,
-                add=add or (),
-                remove=remove or (),
-                rewrap=rewrap,
-            )
+            with _Bars({"copy payload": copy} if copy else {}) as bars:
+                manifest = rekey_bundle(
+                    bundle,
+                    trusted=trusted,
+                    providers=providers,
+                    signing_key=key,
+                    add=add or (),
+                    remove=remove or (),
+                    rewrap=rewrap,
+                    progress=bars,
+                )
         finally:
             providers.close()
     recipients = ", ".join(f"{w.provider}:{w.key_ref} v{w.key_version}" for w in manifest.key_wraps)
