@@ -20,6 +20,7 @@ from .kms import KeyProvider, LocalKeyProvider, WrappedKey, init_key_file, parse
 from .loader import (
     OpenedModel,
     VerifiedBundle,
+    check_bundle,
     decrypt_check,
     open_bundle,
     read_manifest,
@@ -54,6 +55,7 @@ __all__ = [
     "TrustedKeys",
     "VerifiedBundle",
     "WrappedKey",
+    "check_bundle",
     "create_signing_key",
     "decrypt_check",
     "init_key_file",

@@ -47,6 +47,7 @@ __all__ = [
     "Progress",
     "StepHook",
     "VerifiedBundle",
+    "check_bundle",
     "decrypt_check",
     "open_bundle",
     "read_manifest",
@@ -176,13 +177,18 @@ def read_manifest(path: str | Path, trusted: TrustedKeys | None) -> VerifiedBund
     return VerifiedBundle(store, manifest, hashlib.sha256(manifest_bytes).hexdigest(), signer)
 
 
-def _verify_signed(
+def check_bundle(
     path: str | Path,
     trusted: TrustedKeys,
+    *,
     now: datetime,
-    engine: str | None,
-    on_step: StepHook | None,
+    engine: str | None = None,
+    on_step: StepHook | None = None,
 ) -> VerifiedBundle:
+    """The cheap checks: signature, validity and policy, files and sizes (no payload read).
+
+    A server runs these at start-up, so a bundle that cannot be served stops it at once.
+    """
     bundle = read_manifest(path, trusted)
     _step(on_step, bundle, "signature verified", signer=bundle.signer)
     _check_policy(bundle.manifest, now, engine)
@@ -211,7 +217,7 @@ def verify_bundle(
     on_step: StepHook | None = None,
 ) -> VerifiedBundle:
     """Signature, policy, sizes and ciphertext digests: everything that needs no key."""
-    bundle = _verify_signed(path, trusted, now, engine, on_step)
+    bundle = check_bundle(path, trusted, now=now, engine=engine, on_step=on_step)
     _verify_ciphertext(bundle, progress, on_step)
     return bundle
 
@@ -312,7 +318,7 @@ def open_bundle(
 
     `tmpfs_root` (tests) replaces the tmpfs search for multi-file models.
     """
-    bundle = _verify_signed(path, trusted, now, engine, on_step)
+    bundle = check_bundle(path, trusted, now=now, engine=engine, on_step=on_step)
     manifest = bundle.manifest
     if manifest.model.weight_format == "gguf" and len(manifest.files) != 1:
         raise BundleFormatError("a GGUF bundle holds exactly one file")

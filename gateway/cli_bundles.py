@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -63,7 +64,7 @@ DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Data direct
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    _err.print(f"[bold red]airgate:[/] {message}", highlight=False)
+    _err.print(f"[bold red]airgate:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 
@@ -213,7 +214,8 @@ def create(
             )
     providers.close()
     _out.print(
-        f"sealed [bold]{target}[/]: bundle {manifest.bundle_id}, {len(manifest.files)} file(s), "
+        f"sealed [bold]{escape(str(target))}[/]: bundle {manifest.bundle_id}, "
+        f"{len(manifest.files)} file(s), "
         f"recipients {', '.join(w.provider + ':' + w.key_ref for w in manifest.key_wraps)}, "
         f"signed by {key_id(key.public_key())}",
         highlight=False,
@@ -252,7 +254,7 @@ def inspect(
         for w in m.key_wraps
     ]
     for key, value in rows:
-        table.add_row(f"[bold]{key}[/]", value)
+        table.add_row(f"[bold]{key}[/]", escape(value))
     _out.print(table)
 
 
@@ -278,7 +280,7 @@ def verify(
         trusted = TrustedKeys([*trusted.keys(), *extra.keys()])
         if not len(trusted):
             raise _fail("no trusted keys: pass --trusted-key or set [bundles] trusted_keys", 2)
-        info = read_manifest(bundle, None)
+        info = read_manifest(bundle, trusted)  # a bad signature fails before any bar shows
         sizes = {
             "verify ciphertext": sum(f.ciphertext_size for f in info.manifest.files),
         }
@@ -295,7 +297,10 @@ def verify(
                 finally:
                     providers.close()
     what = "signature, validity, ciphertext" + (" and plaintext" if decrypt else "")
-    _out.print(f"[green]ok[/]: {bundle} ({what} verified; signed by {verified.signer})")
+    _out.print(
+        f"[green]ok[/]: {escape(str(bundle))} ({what} verified; signed by {verified.signer})",
+        highlight=False,
+    )
 
 
 @bundle_app.command("rekey")
@@ -342,7 +347,7 @@ def rekey(
         finally:
             providers.close()
     recipients = ", ".join(f"{w.provider}:{w.key_ref} v{w.key_version}" for w in manifest.key_wraps)
-    _out.print(f"re-keyed {bundle}: recipients now {recipients}", highlight=False)
+    _out.print(f"re-keyed {bundle}: recipients now {recipients}", markup=False, highlight=False)
 
 
 @signing_key_app.command("create")
@@ -352,7 +357,11 @@ def signing_key_create(
     """Create an Ed25519 signing key; its public key is written beside it as PATH.pub."""
     with _errors():
         public = create_signing_key(path)
-    _out.print(f"created {path} (key id {key_id(public)}); public key in {path}.pub:")
+    _out.print(
+        f"created {escape(str(path))} (key id {key_id(public)}); public key in {path}.pub:",
+        markup=False,
+        highlight=False,
+    )
     typer.echo(public_key_text(public))
 
 
@@ -377,7 +386,7 @@ def kms_init(
     path = local_key_file(settings)
     if not init_key_file(path, key):
         raise _fail(f"{path} already exists; use `airgate kms rotate` for a new version")
-    _out.print(f"created {path} with key local:{key}", highlight=False)
+    _out.print(f"created {path} with key local:{key}", markup=False, highlight=False)
 
 
 @kms_app.command("rotate")
@@ -393,4 +402,4 @@ def kms_rotate(
     settings = _settings(config, data_dir)
     with _errors():
         message = rotate_provider_key(settings, provider, key)
-    _out.print(message, highlight=False)
+    _out.print(message, markup=False, highlight=False)

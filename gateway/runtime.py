@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 
 from backends.echo import EchoEngine
 from backends.llamacpp import LlamaCppEngine, LlamaCppOptions
 from backends.types import Engine, ModelSource
-from bundles import Manifest, TrustedKeys, read_manifest
+from bundles import BundlePolicyError, Manifest, TrustedKeys, check_bundle
 
 from .config import ConfigError, ModelSettings, Settings
 from .kms import KeyProviders
@@ -59,13 +60,17 @@ def _bundle_engine(
     trusted: TrustedKeys,
     providers: KeyProviders,
 ) -> Engine:
-    verified = read_manifest(bundle, trusted)  # signature first: nothing unsigned is believed
+    # signature first (nothing unsigned is believed), then validity, policy and sizes: a bundle
+    # that cannot be served stops start-up here, before the port is bound
+    verified = check_bundle(bundle, trusted, now=datetime.now(UTC))
     manifest = verified.manifest
     if manifest.model.weight_format != "gguf":
         raise ConfigError(
             f"model {model.id!r}: bundle holds {manifest.model.weight_format} weights, which "
             "need the vLLM engine (not available in this build)"
         )
+    if "llama.cpp" not in manifest.policy.allowed_engines:
+        raise BundlePolicyError(f"model {model.id!r}: the bundle may not be loaded by llama.cpp")
     _log.info(
         "model %s: bundle %s (digest %s, signed by %s)",
         model.id,
