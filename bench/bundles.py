@@ -1,6 +1,7 @@
 """Bundles: sealing and loading the Gemma bundle against the plain GGUF, and decrypt throughput.
 
-1. Seal: ``seal_bundle`` of the 253 MB GGUF (local KMS) vs copying the plain file (the I/O floor).
+1. Seal: ``seal_bundle`` of the 253 MB GGUF (local KMS) vs copying the plain file
+   (read, write, fsync).
 2. Decrypt + verify throughput on one core (the process pinned to one CPU): the segmented
    AES-256-GCM decryption with the plaintext SHA-256 on the same core, from the page cache into
    anonymous memory; plus the pieces alone.
@@ -235,7 +236,11 @@ def run(args: argparse.Namespace) -> str:
     seal, copy = Spread.of(seal_s), Spread.of(copy_s)
     rows = [
         ["seal (encrypt + digests + sign)", seal.format(".2f"), f"{size_mib / seal.median:.0f}"],
-        ["copy the plain file (read, write, fsync)", copy.format(".2f"), f"{size_mib / copy.median:.0f}"],
+        [
+            "copy the plain file (read, write, fsync)",
+            copy.format(".2f"),
+            f"{size_mib / copy.median:.0f}",
+        ],
         ["load plain GGUF -> engine started", Spread.of(plain_load).format(".2f"), "-"],
         [
             "load plain GGUF after a SHA-256 check -> started",
