@@ -119,17 +119,69 @@ class KmsSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     aws_kms: AwsKmsSettings | None = None
 
 
+class JwtSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    jwks_file: str  # a local JWKS file; never fetched from a URL
+    issuer: str
+    audience: str
+    algorithms: list[Literal["RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA"]] = (
+        msgspec.field(default_factory=lambda: ["RS256", "ES256", "EdDSA"])
+    )
+    leeway_s: Annotated[float, Meta(ge=0, le=300)] = 30.0
+    team_claim: str = "team"
+    roles_claim: str = "roles"
+    role_map: dict[str, Literal["app", "auditor", "admin"]] = {}  # claim value -> role
+
+
+class MtlsSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    ca_file: str  # client certificates must chain to this CA
+    cert_file: str  # the server's certificate and key
+    key_file: str
+    # certificate subject CN (or "sha256:<fingerprint>") -> {team = "...", roles = ["app"]}
+    subjects: dict[str, dict[str, str | list[str]]] = {}
+
+
+class AuthSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pepper_file: str = ""  # default: <data_dir>/keys/pepper (32 random bytes, 0600)
+    public_metrics: bool = False  # /metrics without a key (for scrapers on a trusted network)
+    jwt: JwtSettings | None = None
+    mtls: MtlsSettings | None = None
+
+
+class PolicySettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    path: str = ""  # a directory of *.toml policy documents, or one file; default: shipped
+
+
+class LimitSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    redis_url: str = ""  # empty: limits are kept in this process
+    fail_mode: Literal["open", "closed"] = "open"  # Redis unreachable: local limits, or 503
+
+
+class AuditSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    database_url: str = ""  # default: SQLite in the data dir; postgresql://... for production
+    strict: bool = True  # an answered request is always audited; no database -> 503
+    checkpoint_every: Annotated[int, Meta(ge=1)] = 1000
+    checkpoint_interval_s: Annotated[float, Meta(gt=0)] = 10.0
+    migrate: bool = False  # PostgreSQL: migrate an old schema at start (SQLite always does)
+
+
 class Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     data_dir: str = ""  # filled by load_settings when empty
     server: ServerSettings = ServerSettings()
     engine: EngineSettings = EngineSettings()
     bundles: BundleSettings = BundleSettings()
     kms: KmsSettings = KmsSettings()
+    auth: AuthSettings = AuthSettings()
+    policy: PolicySettings = PolicySettings()
+    limits: LimitSettings = LimitSettings()
+    audit: AuditSettings = AuditSettings()
     models: list[ModelSettings] = []
 
 
 def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("airgate", appauthor=False))
+
+
+_ENV_SECTIONS = ("server", "engine", "policy", "limits", "audit")
 
 
 def _env_value(text: str) -> Any:
@@ -144,10 +196,11 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
         if not name.startswith(env.PREFIX) or name in env.DIRECT:
             continue
         path = name[len(env.PREFIX) :].lower().split("__")
-        if len(path) != 2 or path[0] not in ("server", "engine"):
+        if len(path) != 2 or path[0] not in _ENV_SECTIONS:
             raise ConfigError(
-                f"unknown environment variable {name}: expected AIRGATE_SERVER__<KEY> or "
-                f"AIRGATE_ENGINE__<KEY> (or {', '.join(sorted(env.DIRECT))})"
+                f"unknown environment variable {name}: expected AIRGATE_<SECTION>__<KEY> with "
+                f"SECTION one of {', '.join(s.upper() for s in _ENV_SECTIONS)} "
+                f"(or {', '.join(sorted(env.DIRECT))})"
             )
         section = raw.setdefault(path[0], {})
         if not isinstance(section, dict):

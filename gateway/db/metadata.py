@@ -1,0 +1,17 @@
+"""The shared MetaData, with naming conventions so migrations name constraints predictably."""
+
+from __future__ import annotations
+
+from sqlalchemy import MetaData
+
+__all__ = ["metadata"]
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
