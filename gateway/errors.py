@@ -4,11 +4,15 @@
     ├── InvalidRequest                 400 invalid_request_error
     │   ├── UnsupportedParameter       400 ... code=unsupported_parameter
     │   └── ContextLengthExceeded      400 ... code=context_length_exceeded
+    ├── Unauthenticated                401 invalid_request_error  code=invalid_api_key
+    ├── PermissionDenied               403 invalid_request_error  code=permission_denied
+    │   └── PolicyDenied               403 ... code=<the policy decision's code>
     ├── NotFound                       404 invalid_request_error  code=not_found
     │   └── ModelNotFound              404 ... code=model_not_found
     ├── MethodNotAllowed               405 invalid_request_error  code=method_not_allowed
     ├── RequestTooLarge                413 invalid_request_error  code=request_too_large
     ├── Overloaded                     429 rate_limit_error       code=engine_overloaded
+    ├── RateLimited                    429 rate_limit_error       code=rate_limit_exceeded
     ├── ServiceUnavailable             503 server_error           code=service_unavailable
     └── InternalError                  500 server_error           code=internal_error
 
@@ -40,8 +44,12 @@ __all__ = [
     "ModelNotFound",
     "NotFound",
     "Overloaded",
+    "PermissionDenied",
+    "PolicyDenied",
+    "RateLimited",
     "RequestTooLarge",
     "ServiceUnavailable",
+    "Unauthenticated",
     "UnsupportedParameter",
     "error_body",
     "exception_handlers",
@@ -54,7 +62,7 @@ _log = logging.getLogger("airgate.errors")
 class GatewayError(Exception):
     status_code: int = 500
     type: ClassVar[str] = "server_error"
-    code: ClassVar[str | None] = None
+    code: str | None = None  # a class default; PolicyDenied sets its own per instance
 
     def __init__(
         self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
@@ -76,6 +84,26 @@ class UnsupportedParameter(InvalidRequest):
 
 class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
+
+
+class Unauthenticated(GatewayError):
+    status_code = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status_code = 403
+    type = "invalid_request_error"
+    code = "permission_denied"
+
+
+class PolicyDenied(PermissionDenied):
+    """Denied by policy; `code` is the decision's code (e.g. model_not_allowed)."""
+
+    def __init__(self, message: str, *, decision_code: str, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.code = decision_code
 
 
 class NotFound(GatewayError):
@@ -104,6 +132,12 @@ class Overloaded(GatewayError):
     status_code = 429
     type = "rate_limit_error"
     code = "engine_overloaded"
+
+
+class RateLimited(GatewayError):
+    status_code = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
 
 
 class ServiceUnavailable(GatewayError):
