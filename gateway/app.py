@@ -10,12 +10,17 @@ from collections.abc import AsyncIterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from litestar import Litestar, Response, get
+from litestar import Litestar, Request, Response, get
+from litestar.datastructures import State
 from litestar.di import Provide
 
+from .admin import admin_router
+from .auth import Principal
+from .compliance import compliance_router
 from .config import Settings
-from .errors import exception_handlers
+from .errors import Unauthenticated, exception_handlers
 from .health import health, metrics_route, ready
+from .identity import AuthMiddleware, SecurityHolder, principal_of
 from .metrics import Metrics
 from .openai.chat import chat_completions
 from .openai.completions import completions
@@ -24,6 +29,7 @@ from .openai.schema import openapi_document
 from .registry import ModelRegistry
 from .reqlog import RequestLogMiddleware
 from .runtime import build_registry, start_engines, stop_engines
+from .security import Security, open_security
 
 __all__ = ["create_app"]
 
@@ -37,19 +43,45 @@ def _version() -> str:
         return "0.0.0"
 
 
-def create_app(settings: Settings, *, registry: ModelRegistry | None = None) -> Litestar:
-    """Build the app.  Engines load in the background after start-up; /ready says when."""
+def create_app(
+    settings: Settings,
+    *,
+    registry: ModelRegistry | None = None,
+    security: Security | None = None,
+) -> Litestar:
+    """Build the app.  At start-up the access stack (keys, policy, limits, audit log) opens;
+    engines then load in the background and /ready says when.  Tests may pass an open
+    `security` (they own its lifetime)."""
     models = registry if registry is not None else build_registry(settings)
-    return _build(settings, models)
+    return _build(settings, models, security)
 
 
-def _build(settings: Settings, models: ModelRegistry) -> Litestar:
+def _principal(request: Request[Any, Any, Any]) -> Principal:
+    principal = principal_of(request.scope)
+    if principal is None:  # the auth middleware guarantees one on every non-public route
+        raise Unauthenticated("authentication failed: send a valid API key as a bearer token")
+    return principal
+
+
+def _build(settings: Settings, models: ModelRegistry, given: Security | None) -> Litestar:
     metrics = Metrics(models)
     schema = openapi_document(_version())
 
     @get("/openapi.json", include_in_schema=False)
     async def openapi() -> Response[Any]:
         return Response(schema, media_type="application/json")
+
+    holder = SecurityHolder()
+
+    @contextlib.asynccontextmanager
+    async def access(_: Litestar) -> AsyncIterator[None]:
+        opened = contextlib.nullcontext(given) if given is not None else open_security(settings)
+        async with opened as security:
+            holder.security = security
+            try:
+                yield
+            finally:
+                holder.security = None
 
     @contextlib.asynccontextmanager
     async def engines(_: Litestar) -> AsyncIterator[None]:
@@ -73,13 +105,18 @@ def _build(settings: Settings, models: ModelRegistry) -> Litestar:
             ready,
             metrics_route,
             openapi,
+            admin_router,
+            compliance_router,
         ],
         dependencies={
             "models": Provide(lambda: models, use_cache=True, sync_to_thread=False),
             "metrics": Provide(lambda: metrics, use_cache=True, sync_to_thread=False),
+            "security": Provide(holder.get, sync_to_thread=False),
+            "principal": Provide(_principal, sync_to_thread=False),
         },
         exception_handlers=exception_handlers,
-        lifespan=[engines],
+        lifespan=[access, engines],
+        state=State({"security_holder": holder}),
         request_max_body_size=settings.server.max_request_bytes,
         openapi_config=None,
         debug=False,
@@ -87,7 +124,7 @@ def _build(settings: Settings, models: ModelRegistry) -> Litestar:
     )
     # Outside Litestar's router (not as route middleware): unrouted requests (404, 405) get a
     # request id and a log line too.
-    app.asgi_handler = RequestLogMiddleware(app.asgi_handler, metrics)
+    app.asgi_handler = RequestLogMiddleware(AuthMiddleware(app.asgi_handler, holder), metrics)
     return app
 
 

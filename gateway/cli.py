@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 from pathlib import Path
@@ -103,6 +104,7 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
     from bundles import BundleError
 
     from .app import create_app
+    from .keys import bootstrap_admin_key
     from .logs import configure_logging
     from .runtime import build_registry
 
@@ -115,6 +117,15 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
             "are neither encrypted nor signed. Never use this in production.",
             fg=typer.colors.RED,
             bold=True,
+            err=True,
+        )
+    first_key = asyncio.run(bootstrap_admin_key(settings))
+    if first_key is not None:
+        typer.secho(
+            f"airgate: first start: an admin API key was created. It is shown this once:\n\n"
+            f"    {first_key}\n\nKeep it safe; create app keys with it (POST /admin/keys) or "
+            "with `airgate keys create`.",
+            fg=typer.colors.YELLOW,
             err=True,
         )
     try:

@@ -31,6 +31,7 @@ class RequestInfo:
         "completion_tokens",
         "error_code",
         "finish_reason",
+        "key_id",
         "model",
         "prompt_tokens",
         "request_id",
@@ -47,6 +48,7 @@ class RequestInfo:
         self.finish_reason: str | None = None
         self.ttft_s: float | None = None
         self.error_code: str | None = None
+        self.key_id: str | None = None  # the caller (an id, never a credential)
 
 
 def request_info(scope: Scope) -> RequestInfo:
@@ -103,6 +105,8 @@ class RequestLogMiddleware:
                 finish_reason=info.finish_reason,
                 ttft_ms=None if info.ttft_s is None else round(info.ttft_s * 1000, 2),
             )
+        if info.key_id is not None:
+            fields["key_id"] = info.key_id
         if info.error_code is not None:
             fields["error"] = info.error_code
         _log.info("request", extra={"fields": fields})

@@ -27,6 +27,7 @@ from ..errors import (
     error_body,
     translate_engine_errors,
 )
+from ..gate import Admitted
 from ..metrics import Metrics
 from ..registry import ServedModel
 from ..reqlog import RequestInfo
@@ -34,6 +35,7 @@ from ..reqlog import RequestInfo
 __all__ = [
     "SSE_DONE",
     "Run",
+    "audit_sampling",
     "finish_reason",
     "sampling_params",
     "sse",
@@ -77,6 +79,33 @@ def sampling_params(body: Any) -> SamplingParams:
     )
 
 
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "n",
+    "max_tokens",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+)
+
+
+def audit_sampling(body: Any) -> dict[str, bool | int | float]:
+    """The request's sampling parameters for the audit log: numbers and flags only."""
+    out: dict[str, bool | int | float] = {"stream": bool(body.stream)}
+    for name in _SAMPLING_FIELDS:
+        value = getattr(body, name, None)
+        if isinstance(value, bool | int | float):
+            out[name] = value
+    return out
+
+
 def finish_reason(delta: GenerationDelta) -> str:
     """OpenAI's finish_reason for a final delta (an abort only reaches a client that stayed)."""
     return "stop" if delta.finish_reason == "abort" else (delta.finish_reason or "stop")
@@ -92,9 +121,16 @@ class Run:
     """The engine side of one HTTP request: one handle per choice."""
 
     def __init__(
-        self, model: ServedModel, info: RequestInfo, metrics: Metrics, *, prompt_param: str
+        self,
+        model: ServedModel,
+        info: RequestInfo,
+        metrics: Metrics,
+        *,
+        prompt_param: str,
+        admitted: Admitted,
     ) -> None:
         self.prompt_param = prompt_param  # named by a context-length error
+        self.admitted = admitted
         self.model = model
         self.info = info
         self.metrics = metrics
@@ -111,8 +147,17 @@ class Run:
         except GatewayError as exc:
             self.info.error_code = exc.code or exc.type
             self.cancel()
+            await self.admitted.close(self.info, error=exc)
             raise
         self.info.prompt_tokens = sum(h.prompt_tokens for h in self.handles)
+
+    async def complete(self, response_bytes: int | None = None) -> None:
+        """Audit the completion before the response's final bytes go out (strict mode: durable
+        when this returns; raises ServiceUnavailable when it cannot be)."""
+        try:
+            await self.admitted.complete(self.info, response_bytes=response_bytes)
+        finally:
+            await self.admitted.close(self.info)  # the refund; no further event once complete
 
     def cancel(self) -> None:
         for handle in self.handles:
@@ -126,7 +171,7 @@ class Run:
         last = None
         completion = seen = 0
         finished = 0
-        failed = False
+        failed: BaseException | None = None
         try:
             with translate_engine_errors(self.prompt_param):
                 async for index, delta in _merge(self.handles):
@@ -143,15 +188,16 @@ class Run:
                         finished += 1
                         if delta.usage is not None:
                             completion += delta.usage.completion_tokens
+                            self.info.completion_tokens = completion  # complete() audits it
                         self.info.finish_reason = delta.finish_reason
                         self.metrics.request_success.labels(*labels, delta.finish_reason).inc()
                     yield index, delta
-        except Exception:
-            failed = True
+        except Exception as exc:
+            failed = exc
             raise
         finally:
             self.cancel()
-            if finished < len(self.handles) and not failed:  # the client went away
+            if finished < len(self.handles) and failed is None:  # the client went away
                 completion = max(completion, seen)
                 if self.info.error_code is None:
                     self.info.error_code = "client_disconnected"
@@ -160,6 +206,8 @@ class Run:
             self.metrics.generation_tokens.labels(*labels).inc(completion)
             if finished == len(self.handles):
                 self.metrics.e2e.labels(*labels).observe(time.perf_counter() - self.start)
+            if failed is not None or finished < len(self.handles):
+                await self.admitted.close(self.info, error=failed)  # else complete() closes
 
     async def collect(self, request: Request[Any, Any, Any]) -> list[list[GenerationDelta]]:
         """Every delta per choice; a client that disconnects meanwhile aborts the generation."""

@@ -13,13 +13,25 @@ from litestar.response import Stream
 
 from backends.types import ChatMessage, GenerationDelta, GenerationRequest, TokenLogprob
 
+from ..auth import Principal
 from ..errors import InvalidRequest, UnsupportedParameter
+from ..gate import admit
 from ..metrics import Metrics
 from ..registry import ModelRegistry
 from ..reqlog import request_info
+from ..security import Security
 from . import types as t
 from ._decode import decode
-from ._pipeline import SSE_DONE, SSE_HEADERS, Run, finish_reason, sampling_params, sse, stop_strings
+from ._pipeline import (
+    SSE_DONE,
+    SSE_HEADERS,
+    Run,
+    audit_sampling,
+    finish_reason,
+    sampling_params,
+    sse,
+    stop_strings,
+)
 
 __all__ = ["chat_completions"]
 
@@ -50,7 +62,9 @@ def _messages(body: t.ChatCompletionRequest) -> tuple[ChatMessage, ...]:
     return tuple(out)
 
 
-def _to_engine(body: t.ChatCompletionRequest, request_id: str) -> GenerationRequest:
+def _to_engine(
+    body: t.ChatCompletionRequest, request_id: str, max_tokens: int | None
+) -> GenerationRequest:
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs requires logprobs to be true.", param="top_logprobs")
     if body.stream_options is not None and not body.stream:
@@ -68,7 +82,7 @@ def _to_engine(body: t.ChatCompletionRequest, request_id: str) -> GenerationRequ
     return GenerationRequest(
         request_id=request_id,
         messages=_messages(body),
-        max_tokens=body.max_completion_tokens or body.max_tokens,
+        max_tokens=max_tokens,
         stop=stop_strings(body.stop),
         sampling=sampling_params(body),
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
@@ -94,14 +108,37 @@ async def chat_completions(
     request: Request[Any, Any, Any],
     models: NamedDependency[ModelRegistry],
     metrics: NamedDependency[Metrics],
+    security: NamedDependency[Security],
+    principal: NamedDependency[Principal],
 ) -> Response[Any]:
     """Create a chat completion (OpenAI-compatible; streaming with `stream: true`)."""
     info = request_info(request.scope)
-    body = decode(_decoder, await request.body())
+    raw = await request.body()
+    body = decode(_decoder, raw)
     model = models.resolve(body.model)
-    run = Run(model, info, metrics, prompt_param="messages")
-    info.stream = body.stream
-    await run.submit([_to_engine(body, info.request_id)])
+    info.model, info.stream = model.id, body.stream
+    asked = body.max_completion_tokens or body.max_tokens
+    engine_request = _to_engine(body, info.request_id, asked)
+    admitted = await admit(
+        security,
+        principal,
+        info,
+        action="chat.completions",
+        route=request.url.path,
+        model=model.id,
+        engine=model.engine.name,
+        max_tokens=engine_request.max_tokens,
+        n=body.n,
+        prompt_bytes=len(raw),
+        stream=body.stream,
+        sampling=audit_sampling(body),
+    )
+    if engine_request.max_tokens is None and admitted.effective_max_tokens is not None:
+        engine_request = msgspec.structs.replace(
+            engine_request, max_tokens=admitted.effective_max_tokens
+        )
+    run = Run(model, info, metrics, prompt_param="messages", admitted=admitted)
+    await run.submit([engine_request])
     response_id = f"chatcmpl-{info.request_id}"
     created = int(time.time())
     want_logprobs = body.logprobs
@@ -110,7 +147,7 @@ async def chat_completions(
         return Stream(
             _stream(run, response_id, created, model.id, usage, want_logprobs),
             media_type="text/event-stream",
-            headers=SSE_HEADERS,
+            headers={**SSE_HEADERS, **admitted.headers},
         )
     deltas = (await run.collect(request))[0]
     final = deltas[-1]
@@ -132,7 +169,9 @@ async def chat_completions(
         ],
         usage=_usage(final),
     )
-    return Response(_encode(completion), media_type="application/json")
+    payload = _encode(completion)
+    await run.complete(response_bytes=len(payload))
+    return Response(payload, media_type="application/json", headers=admitted.headers)
 
 
 def _usage(delta: GenerationDelta) -> t.UsageInfo:
@@ -159,6 +198,7 @@ async def _stream(
                 yield chunk([t.ChunkChoice(0, t.Delta(content=delta.text), None, logprobs)])
             if delta.finish_reason is not None:
                 yield chunk([t.ChunkChoice(0, t.Delta(), finish_reason(delta))])
+                await run.complete()  # audited before the usage chunk and [DONE]
                 if include_usage:
                     yield chunk([], _usage(delta))
     except Exception as exc:

@@ -13,13 +13,25 @@ from litestar.response import Stream
 
 from backends.types import GenerationRequest, TokenLogprob
 
+from ..auth import Principal
 from ..errors import InvalidRequest
+from ..gate import admit
 from ..metrics import Metrics
 from ..registry import ModelRegistry
 from ..reqlog import request_info
+from ..security import Security
 from . import types as t
 from ._decode import decode
-from ._pipeline import SSE_DONE, SSE_HEADERS, Run, finish_reason, sampling_params, sse, stop_strings
+from ._pipeline import (
+    SSE_DONE,
+    SSE_HEADERS,
+    Run,
+    audit_sampling,
+    finish_reason,
+    sampling_params,
+    sse,
+    stop_strings,
+)
 
 __all__ = ["completions"]
 
@@ -44,7 +56,9 @@ def _prompts(prompt: t.Prompt) -> list[str | tuple[int, ...]]:
     )
 
 
-def _to_engine(body: t.CompletionRequest, request_id: str) -> list[GenerationRequest]:
+def _to_engine(
+    body: t.CompletionRequest, request_id: str, max_tokens: int | None
+) -> list[GenerationRequest]:
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest(
             "stream_options is only allowed when stream is true.", param="stream_options"
@@ -58,7 +72,7 @@ def _to_engine(body: t.CompletionRequest, request_id: str) -> list[GenerationReq
                 request_id=f"{request_id}-{i}",
                 prompt=text,
                 prompt_tokens=tokens,
-                max_tokens=body.max_tokens,
+                max_tokens=max_tokens,
                 stop=stop_strings(body.stop),
                 sampling=sampling,
                 logprobs=body.logprobs,
@@ -95,14 +109,32 @@ async def completions(
     request: Request[Any, Any, Any],
     models: NamedDependency[ModelRegistry],
     metrics: NamedDependency[Metrics],
+    security: NamedDependency[Security],
+    principal: NamedDependency[Principal],
 ) -> Response[Any]:
     """Create a text completion (OpenAI-compatible legacy API)."""
     info = request_info(request.scope)
-    body = decode(_decoder, await request.body())
+    raw = await request.body()
+    body = decode(_decoder, raw)
     model = models.resolve(body.model)
-    run = Run(model, info, metrics, prompt_param="prompt")
-    info.stream = body.stream
-    await run.submit(_to_engine(body, info.request_id))
+    info.model, info.stream = model.id, body.stream
+    engine_requests = _to_engine(body, info.request_id, body.max_tokens)
+    admitted = await admit(
+        security,
+        principal,
+        info,
+        action="completions",
+        route=request.url.path,
+        model=model.id,
+        engine=model.engine.name,
+        max_tokens=body.max_tokens,
+        n=len(engine_requests),
+        prompt_bytes=len(raw),
+        stream=body.stream,
+        sampling=audit_sampling(body),
+    )
+    run = Run(model, info, metrics, prompt_param="prompt", admitted=admitted)
+    await run.submit(engine_requests)
     response_id = f"cmpl-{info.request_id}"
     created = int(time.time())
     if body.stream:
@@ -110,7 +142,7 @@ async def completions(
         return Stream(
             _stream(run, response_id, created, model.id, usage, body.logprobs is not None),
             media_type="text/event-stream",
-            headers=SSE_HEADERS,
+            headers={**SSE_HEADERS, **admitted.headers},
         )
     choices = []
     prompt_tokens = completion_tokens = 0
@@ -136,7 +168,9 @@ async def completions(
         choices=choices,
         usage=t.UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens),
     )
-    return Response(_encode(result), media_type="application/json")
+    payload = _encode(result)
+    await run.complete(response_bytes=len(payload))
+    return Response(payload, media_type="application/json", headers=admitted.headers)
 
 
 async def _stream(
@@ -163,6 +197,8 @@ async def _stream(
                 prompt_tokens += delta.usage.prompt_tokens
                 completion_tokens += delta.usage.completion_tokens
                 pending -= 1
+                if pending == 0:
+                    await run.complete()  # audited before the usage chunk and [DONE]
                 if pending == 0 and include_usage:
                     usage = t.UsageInfo(
                         prompt_tokens, completion_tokens, prompt_tokens + completion_tokens

@@ -9,7 +9,12 @@ from litestar import Response, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
+import policies
+
+from ..auth import Principal
+from ..errors import ModelNotFound
 from ..registry import ModelRegistry, ServedModel
+from ..security import Security
 from . import types as t
 
 __all__ = ["get_model", "list_models"]
@@ -26,17 +31,41 @@ def _card(name: str, model: ServedModel) -> t.Model:
     )
 
 
+def _visible(security: Security, principal: Principal, model: ServedModel) -> bool:
+    who = policies.Principal(
+        key_id=principal.key_id, team=principal.team, roles=principal.roles, subject=None
+    )
+    return policies.can_use_model(security.policy.current, who, model.id)
+
+
 @get("/v1/models")
-async def list_models(models: NamedDependency[ModelRegistry]) -> Response[Any]:
-    """The models (and aliases) this server serves."""
-    data = [_card(name, m) for m in models.models for name in (m.id, *m.aliases)]
+async def list_models(
+    models: NamedDependency[ModelRegistry],
+    security: NamedDependency[Security],
+    principal: NamedDependency[Principal],
+) -> Response[Any]:
+    """The models (and aliases) this server serves that the caller's policy allows."""
+    data = [
+        _card(name, m)
+        for m in models.models
+        if _visible(security, principal, m)
+        for name in (m.id, *m.aliases)
+    ]
     return Response(_encode(t.ModelList(data)), media_type="application/json")
 
 
 @get("/v1/models/{model_id:path}")
 async def get_model(
-    model_id: FromPath[str], models: NamedDependency[ModelRegistry]
+    model_id: FromPath[str],
+    models: NamedDependency[ModelRegistry],
+    security: NamedDependency[Security],
+    principal: NamedDependency[Principal],
 ) -> Response[Any]:
-    """One model by id or alias."""
+    """One model by id or alias (404 as well when the caller's policy does not allow it)."""
     name = model_id.lstrip("/")
-    return Response(_encode(_card(name, models.resolve(name))), media_type="application/json")
+    model = models.resolve(name)
+    if not _visible(security, principal, model):
+        raise ModelNotFound(
+            "the model does not exist or you do not have access to it", param="model"
+        )
+    return Response(_encode(_card(name, model)), media_type="application/json")

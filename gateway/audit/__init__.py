@@ -1,0 +1,65 @@
+"""The tamper-evident audit log: metadata-only events in a hash chain with signed checkpoints.
+
+`AuditWriter` appends (one task, group commit, durable before `append` returns); `search`/`get`
+read; `export` streams JSONL, CSV or OCSF; `verify` checks the chain and the checkpoints against
+trusted public keys.  Tables in `schema.py`, created only by the Alembic migrations.
+"""
+
+from .checkpoint import Checkpoint
+from .errors import (
+    AuditCorrupt,
+    AuditError,
+    AuditRejected,
+    AuditUnavailable,
+    InvalidAuditEvent,
+    InvalidCursor,
+    InvalidQuery,
+)
+from .event import (
+    KINDS,
+    OUTCOMES,
+    AuditEvent,
+    AuditPrincipal,
+    AuditRecord,
+    EventKind,
+    Outcome,
+    new_event_id,
+)
+from .export import Format, export, export_csv, export_jsonl, export_ocsf
+from .query import AuditFilter, get, search
+from .throughput import measure_throughput
+from .verify import Problem, VerifyReport, verify
+from .writer import AuditWriter, WriterStats
+
+__all__ = [
+    "KINDS",
+    "OUTCOMES",
+    "AuditCorrupt",
+    "AuditError",
+    "AuditEvent",
+    "AuditFilter",
+    "AuditPrincipal",
+    "AuditRecord",
+    "AuditRejected",
+    "AuditUnavailable",
+    "AuditWriter",
+    "Checkpoint",
+    "EventKind",
+    "Format",
+    "InvalidAuditEvent",
+    "InvalidCursor",
+    "InvalidQuery",
+    "Outcome",
+    "Problem",
+    "VerifyReport",
+    "WriterStats",
+    "export",
+    "export_csv",
+    "export_jsonl",
+    "export_ocsf",
+    "get",
+    "measure_throughput",
+    "new_event_id",
+    "search",
+    "verify",
+]

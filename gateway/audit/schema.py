@@ -1,0 +1,59 @@
+"""The audit tables, on the shared `gateway.db.metadata` (Alembic revision `20261129_01_audit`).
+
+`audit_events` is the hash chain: `seq` is assigned by the one writer, gapless from 1; `body` is
+the event's canonical JSON (TEXT, not JSONB: the chain hashes its exact bytes); the other columns
+copy values out of the body for the compliance filters.  `audit_checkpoints` holds the signed
+Merkle roots over consecutive ranges of `seq`.
+
+Both tables are append-only.  The migration adds triggers that reject UPDATE and DELETE (and
+TRUNCATE on PostgreSQL); on PostgreSQL also grant the gateway's role only SELECT and INSERT:
+
+    GRANT SELECT, INSERT ON audit_events, audit_checkpoints TO airgate;
+
+and let a separate owner role run migrations, since a table's owner can drop its triggers.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, Index, Integer, SmallInteger, String, Table, Text
+
+from gateway.db import metadata
+
+__all__ = ["audit_checkpoints", "audit_events"]
+
+audit_events = Table(
+    "audit_events",
+    metadata,
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("event_id", String(64), nullable=False, unique=True),
+    Column("ts_us", BigInteger, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("key_id", String(128)),
+    Column("team", String(128)),
+    Column("model", String(128)),
+    Column("outcome", String(16), nullable=False),
+    Column("http_status", SmallInteger),
+    Column("body", Text, nullable=False),
+    Column("prev_hash", String(64), nullable=False),
+    Column("row_hash", String(64), nullable=False),
+    Index(None, "ts_us"),
+    Index(None, "key_id", "seq"),
+    Index(None, "team", "seq"),
+    Index(None, "model", "seq"),
+    Index(None, "kind", "seq"),
+    Index(None, "outcome", "seq"),
+)
+
+audit_checkpoints = Table(
+    "audit_checkpoints",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("first_seq", BigInteger, nullable=False),
+    Column("last_seq", BigInteger, nullable=False, unique=True),
+    Column("count", Integer, nullable=False),
+    Column("merkle_root", String(64), nullable=False),
+    Column("prev_hash", String(64), nullable=False),
+    Column("ts_us", BigInteger, nullable=False),
+    Column("key_id", String(16), nullable=False),
+    Column("signature", String(128), nullable=False),
+)

@@ -1,0 +1,407 @@
+"""The one audit writer: a task that owns the chain head and commits events in groups.
+
+Appenders put `(event, future)` on a queue and await the future; the writer takes everything
+queued (up to `batch_max`), assigns the next sequence numbers, computes the row hashes, inserts
+the rows (and any checkpoint that fell due) in ONE transaction, and resolves the futures only
+after COMMIT returned.  Whatever arrives while a commit runs goes into the next one: group
+commit, so a thousand concurrent requests cost a handful of fsyncs, not a thousand.
+
+Failure: if a transaction fails, every event in it raises `AuditUnavailable` and the writer
+forgets its head; the next batch re-reads the head from the database (which also repairs the
+case where COMMIT succeeded but its answer was lost).  A conflicting `seq` (another process
+appended to the same chain) is retried on the re-read head; an `event_id` already stored fails
+that event alone (`AuditRejected`), unless the stored event is the same one (a retried
+append, or a COMMIT whose answer was lost): then it succeeds with the stored seq.
+
+Checkpoints: every `checkpoint_every` rows (exact ranges), when the oldest unchecked row has
+waited `checkpoint_interval_s`, and on `stop()`, so a cleanly stopped log has no rows protected
+by the chain alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import insert, select
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .chain import GENESIS, link
+from .checkpoint import Checkpoint, checkpoint_from_row, make_checkpoint
+from .errors import AuditCorrupt, AuditRejected, AuditUnavailable
+from .event import AuditEvent, encode_event
+from .schema import audit_checkpoints, audit_events
+
+__all__ = ["AuditWriter", "WriterStats"]
+
+_log = logging.getLogger("airgate.audit")
+_RETRIES = 3
+_Item = tuple[AuditEvent, "asyncio.Future[int] | None"]
+
+
+class WriterStats(msgspec.Struct, kw_only=True):
+    """Counters for metrics and tests (mutated by the writer task only)."""
+
+    appended: int = 0  # events committed
+    batches: int = 0  # transactions that committed events
+    max_batch: int = 0
+    checkpoints: int = 0
+    failures: int = 0  # transactions that failed
+    rejected: int = 0
+    dropped: int = 0  # append_nowait events not queued (writer stopped or queue full)
+
+
+class _Head(msgspec.Struct, frozen=True, kw_only=True):
+    """The chain as the database last confirmed it."""
+
+    seq: int
+    row_hash: str
+    checkpoint: Checkpoint | None
+    pending: tuple[str, ...]  # row hashes after the last checkpoint
+
+
+class AuditWriter:
+    """Appends events to the audit chain.  Use as `async with AuditWriter(...) as writer:` or
+    `start()` / `stop()`; `stop()` commits everything queued and writes a final checkpoint."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        signing_key: Ed25519PrivateKey,
+        checkpoint_every: int = 1000,
+        checkpoint_interval_s: float = 10.0,
+        batch_max: int = 512,
+        queue_max: int = 65536,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if checkpoint_every < 1 or batch_max < 1 or queue_max < 1 or checkpoint_interval_s <= 0:
+            raise ValueError("checkpoint_every, batch_max, queue_max and the interval must be > 0")
+        self._engine = engine
+        self._key = signing_key
+        self._every = checkpoint_every
+        self._interval = checkpoint_interval_s
+        self._batch_max = batch_max
+        self._clock = clock
+        self._queue: asyncio.Queue[_Item | None] = asyncio.Queue(queue_max)
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._head: _Head | None = None
+        self._pending_since: float | None = None  # loop time the oldest unchecked row committed
+        self.stats = WriterStats()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resume the chain from the database and start the writer task.  Raises
+        `AuditUnavailable` when the database cannot be read."""
+        if self._task is not None:
+            raise RuntimeError("the audit writer is already running")
+        self._closing = False
+        self._head = await self._load_head()
+        if self._head.pending:
+            self._pending_since = asyncio.get_running_loop().time()
+        self._task = asyncio.create_task(self._run(), name="audit-writer")
+
+    async def stop(self) -> None:
+        """Commit what is queued, checkpoint the tail, stop.  Idempotent."""
+        task = self._task
+        if task is None:
+            return
+        self._closing = True
+        if not task.done():
+            await self._queue.put(None)
+        try:
+            await task
+        finally:
+            self._task = None
+            self._fail_queued()
+
+    async def __aenter__(self) -> AuditWriter:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done() and not self._closing
+
+    # -- appending -------------------------------------------------------------------------
+
+    async def append(self, event: AuditEvent) -> int:
+        """The event's sequence number, once the transaction holding it has committed.
+        Raises `AuditUnavailable` (not durable) or `AuditRejected`.  If the caller is
+        cancelled, the event is still written."""
+        if not self.running:
+            raise AuditUnavailable("the audit writer is not running")
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        await self._queue.put((event, future))
+        return await future
+
+    def append_nowait(self, event: AuditEvent) -> None:
+        """Queue an event without waiting (best effort: dropped and counted when the writer is
+        stopped or its queue is full)."""
+        if not self.running:
+            self.stats.dropped += 1
+            return
+        try:
+            self._queue.put_nowait((event, None))
+        except asyncio.QueueFull:
+            self.stats.dropped += 1
+            _log.warning("audit queue full: event dropped (%d so far)", self.stats.dropped)
+
+    # -- the task --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        getter: asyncio.Future[_Item | None] | None = None
+        try:
+            while True:
+                if getter is None:
+                    getter = asyncio.ensure_future(self._queue.get())
+                await asyncio.wait({getter}, timeout=self._checkpoint_due_in(loop.time()))
+                if not getter.done():
+                    await self._checkpoint_pending()
+                    continue
+                first, getter = getter.result(), None
+                batch: list[_Item] = []
+                stopping = first is None
+                if first is not None:
+                    batch.append(first)
+                while not stopping and len(batch) < self._batch_max:
+                    try:
+                        item = self._queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        break
+                    if item is None:
+                        stopping = True
+                    else:
+                        batch.append(item)
+                if batch:
+                    try:
+                        await self._commit(batch)
+                    except asyncio.CancelledError:
+                        self._fail(batch, asyncio.CancelledError())
+                        raise
+                if stopping:
+                    await self._checkpoint_pending()
+                    return
+        finally:
+            if getter is not None and not getter.cancel():
+                # the getter had already taken an item: put it back for _fail_queued
+                with contextlib.suppress(BaseException):
+                    if (item := getter.result()) is not None:
+                        self._queue.put_nowait(item)
+
+    def _fail_queued(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            if item is not None:
+                _settle(item[1], AuditUnavailable("the audit writer stopped"))
+
+    def _checkpoint_due_in(self, now: float) -> float | None:
+        if self._head is None or not self._head.pending or self._pending_since is None:
+            return None
+        return max(0.0, self._pending_since + self._interval - now)
+
+    async def _commit(self, batch: list[_Item]) -> None:
+        for attempt in range(_RETRIES):
+            try:
+                head = self._head or await self._load_head()
+                self._head = head
+                rows, checkpoints, new_head = self._extend(head, [event for event, _ in batch])
+                async with self._engine.begin() as conn:
+                    await conn.execute(insert(audit_events), rows)
+                    if checkpoints:
+                        await conn.execute(
+                            insert(audit_checkpoints), [msgspec.to_builtins(c) for c in checkpoints]
+                        )
+            except IntegrityError:
+                # another writer took these seq numbers, or an event_id is already stored
+                self._head = None
+                try:
+                    batch = await self._settle_duplicates(batch)
+                except Exception as exc:
+                    self._fail(batch, exc)
+                    return
+                if not batch:
+                    return
+                continue
+            except DBAPIError as exc:
+                # a pooled connection the server had closed (restart, failover): the pool is
+                # invalidated, so one retry on a fresh connection decides; a COMMIT whose answer
+                # was lost is caught by the re-read head and the duplicate check
+                self._head = None
+                if exc.connection_invalidated and attempt == 0:
+                    continue
+                self._fail(batch, exc)
+                return
+            except Exception as exc:
+                self._fail(batch, exc)
+                return
+            self._committed(head, new_head, batch, len(checkpoints))
+            return
+        self._fail(batch, RuntimeError("the audit chain kept moving under this writer"))
+
+    def _committed(self, head: _Head, new_head: _Head, batch: list[_Item], cps: int) -> None:
+        self._head = new_head
+        if not new_head.pending:
+            self._pending_since = None
+        elif not head.pending or cps or self._pending_since is None:
+            self._pending_since = asyncio.get_running_loop().time()
+        seq = head.seq
+        for _, future in batch:
+            seq += 1
+            _settle(future, seq)
+        self.stats.appended += len(batch)
+        self.stats.batches += 1
+        self.stats.max_batch = max(self.stats.max_batch, len(batch))
+        self.stats.checkpoints += cps
+
+    def _fail(self, batch: Sequence[_Item], exc: BaseException) -> None:
+        self._head = None
+        self.stats.failures += 1
+        # the class name only: driver messages can carry the statement's parameters
+        _log.error("audit write failed (%s): %d events not stored", _describe(exc), len(batch))
+        for _, future in batch:
+            _settle(future, AuditUnavailable("the audit log is unavailable"))
+
+    async def _settle_duplicates(self, batch: list[_Item]) -> list[_Item]:
+        """Take out of `batch` the events whose event_id is stored: the same event (a retried
+        append, or a commit whose answer was lost) succeeds with its stored seq, a different
+        one is rejected.  Returns the rest."""
+        ids = [event.event_id for event, _ in batch]
+        async with self._engine.connect() as conn:
+            result = await conn.execute(
+                select(audit_events.c.event_id, audit_events.c.seq, audit_events.c.body).where(
+                    audit_events.c.event_id.in_(ids)
+                )
+            )
+            stored = {row.event_id: (int(row.seq), str(row.body)) for row in result}
+        seen: set[str] = set()
+        kept: list[_Item] = []
+        for event, future in batch:
+            found = stored.get(event.event_id)
+            if found is not None and found[1] == encode_event(event).decode("utf-8"):
+                _settle(future, found[0])
+            elif found is not None or event.event_id in seen:
+                self.stats.rejected += 1
+                _settle(future, AuditRejected("this event_id is already in the audit log"))
+            else:
+                seen.add(event.event_id)
+                kept.append((event, future))
+        return kept
+
+    def _extend(
+        self, head: _Head, events: Sequence[AuditEvent]
+    ) -> tuple[list[dict[str, Any]], list[Checkpoint], _Head]:
+        seq, prev, checkpoint = head.seq, head.row_hash, head.checkpoint
+        pending = list(head.pending)
+        rows: list[dict[str, Any]] = []
+        checkpoints: list[Checkpoint] = []
+        now_us = int(self._clock() * 1_000_000)
+        for event in events:
+            seq += 1
+            row = link(prev, seq, event)
+            prev = row["row_hash"]
+            rows.append(row)
+            pending.append(prev)
+            if len(pending) == self._every:
+                checkpoint = make_checkpoint(
+                    checkpoint, pending, ts_us=now_us, signing_key=self._key
+                )
+                checkpoints.append(checkpoint)
+                pending = []
+        new_head = _Head(seq=seq, row_hash=prev, checkpoint=checkpoint, pending=tuple(pending))
+        return rows, checkpoints, new_head
+
+    async def _checkpoint_pending(self) -> None:
+        """Sign the rows after the last checkpoint, in a transaction of its own."""
+        head = self._head
+        if head is None or not head.pending:
+            return
+        checkpoint = make_checkpoint(
+            head.checkpoint,
+            head.pending,
+            ts_us=int(self._clock() * 1_000_000),
+            signing_key=self._key,
+        )
+        try:
+            async with self._engine.begin() as conn:
+                await conn.execute(insert(audit_checkpoints), [msgspec.to_builtins(checkpoint)])
+        except Exception as exc:
+            self._head = None
+            self._pending_since = None
+            self.stats.failures += 1
+            _log.error("audit checkpoint failed (%s)", _describe(exc))
+            return
+        self._head = msgspec.structs.replace(head, checkpoint=checkpoint, pending=())
+        self._pending_since = None
+        self.stats.checkpoints += 1
+
+    async def _load_head(self) -> _Head:
+        try:
+            async with self._engine.connect() as conn:
+                last = (
+                    await conn.execute(
+                        select(audit_events.c.seq, audit_events.c.row_hash)
+                        .order_by(audit_events.c.seq.desc())
+                        .limit(1)
+                    )
+                ).first()
+                cp_row = (
+                    await conn.execute(
+                        select(audit_checkpoints).order_by(audit_checkpoints.c.id.desc()).limit(1)
+                    )
+                ).first()
+                checkpoint = checkpoint_from_row(cp_row) if cp_row else None
+                after = checkpoint.last_seq if checkpoint else 0
+                pending = (
+                    await conn.execute(
+                        select(audit_events.c.row_hash)
+                        .where(audit_events.c.seq > after)
+                        .order_by(audit_events.c.seq)
+                    )
+                ).scalars()
+                pending_hashes = tuple(pending)
+        except Exception as exc:
+            _log.error("audit head unreadable (%s)", _describe(exc))
+            raise AuditUnavailable("the audit log is unavailable") from exc
+        seq, row_hash = (int(last.seq), str(last.row_hash)) if last else (0, GENESIS)
+        if seq < after:
+            raise AuditCorrupt(
+                f"the last checkpoint covers seq {after} but the last row is {seq}; run verify"
+            )
+        return _Head(seq=seq, row_hash=row_hash, checkpoint=checkpoint, pending=pending_hashes)
+
+
+def _settle(future: asyncio.Future[int] | None, outcome: int | BaseException) -> None:
+    if future is None or future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+def _describe(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    return type(exc).__name__ + (f"/{type(orig).__name__}" if orig is not None else "")

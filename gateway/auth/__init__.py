@@ -1,0 +1,56 @@
+"""Authentication building blocks: who is calling, from an API key, a JWT or a client
+certificate.  Each turns a credential into a `Principal` or raises an `AuthenticationFailed`
+subclass whose `reason` goes to the audit log (the HTTP answer is one generic 401).
+
+The HTTP wiring (which header, which order, the 401 rendering) lives with the app, not here.
+"""
+
+from .apikeys import SCANNER_PATTERN, generate_api_key, parse_api_key
+from .errors import (
+    AuthConfigError,
+    AuthenticationFailed,
+    AuthError,
+    InvalidCertificate,
+    InvalidToken,
+    KeyExpired,
+    KeyRevoked,
+    KeyStoreUnavailable,
+    MalformedKey,
+    UnknownKey,
+    WrongSecret,
+)
+from .jwt import DEFAULT_ALGORITHMS, JwtVerifier
+from .mtls import SubjectMap, principal_from_client_cert, ssl_context
+from .pepper import default_pepper_path, load_or_create_pepper
+from .principal import ROLES, Method, Principal, Role
+from .store import ApiKeyRecord, KeyStore
+
+__all__ = [
+    "DEFAULT_ALGORITHMS",
+    "ROLES",
+    "SCANNER_PATTERN",
+    "ApiKeyRecord",
+    "AuthConfigError",
+    "AuthError",
+    "AuthenticationFailed",
+    "InvalidCertificate",
+    "InvalidToken",
+    "JwtVerifier",
+    "KeyExpired",
+    "KeyRevoked",
+    "KeyStore",
+    "KeyStoreUnavailable",
+    "MalformedKey",
+    "Method",
+    "Principal",
+    "Role",
+    "SubjectMap",
+    "UnknownKey",
+    "WrongSecret",
+    "default_pepper_path",
+    "generate_api_key",
+    "load_or_create_pepper",
+    "parse_api_key",
+    "principal_from_client_cert",
+    "ssl_context",
+]

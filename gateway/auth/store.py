@@ -1,0 +1,255 @@
+"""API keys in the database: create, authenticate, list, revoke; last use recorded lazily.
+
+`authenticate` is on every request's path, so it does one primary-key SELECT and nothing else:
+the `last_used_at` write is throttled (at most one UPDATE per key per interval, remembered in
+memory) and done by one background flush task, never awaited by the request.  The owner (the
+app's lifespan) calls `aclose()` on shutdown to drain it.
+
+Timing: the HMAC of the presented secret is computed and compared for unknown ids too, so an
+unknown id and a wrong secret take the same path up to the final check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import msgspec
+from sqlalchemy import Row, bindparam, or_, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from . import apikeys
+from .errors import (
+    AuthConfigError,
+    KeyExpired,
+    KeyRevoked,
+    KeyStoreUnavailable,
+    UnknownKey,
+    WrongSecret,
+)
+from .principal import ROLES, Principal
+from .schema import UtcDateTime, api_keys
+
+__all__ = ["MAX_LABEL_LENGTH", "ApiKeyRecord", "KeyStore"]
+
+_log = logging.getLogger("airgate.auth")
+
+MAX_LABEL_LENGTH: Final = 128  # team and name
+_MAX_CREATED_BY: Final = 300
+# Compared against when the id is unknown: no HMAC output is 64 "0"s in practice.
+_NO_DIGEST: Final = "0" * 64
+_CREATE_ATTEMPTS: Final = 3
+
+
+class ApiKeyRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A stored key as admins see it: everything but the secret's HMAC."""
+
+    key_id: str
+    role: str
+    team: str | None
+    name: str | None
+    created_at: datetime
+    created_by: str | None
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+_RECORD_COLUMNS = [api_keys.c[name] for name in ApiKeyRecord.__struct_fields__]
+
+
+def _record(row: Row[Any]) -> ApiKeyRecord:
+    return ApiKeyRecord(**{name: row._mapping[name] for name in ApiKeyRecord.__struct_fields__})
+
+
+def _utc(value: datetime | None, what: str) -> datetime:
+    if value is None:
+        return datetime.now(UTC)
+    if value.tzinfo is None:
+        raise ValueError(f"{what} must be timezone-aware")
+    return value
+
+
+def _label(value: str | None, what: str, limit: int = MAX_LABEL_LENGTH) -> None:
+    if value is not None and not 0 < len(value) <= limit:
+        raise ValueError(f"{what} must be 1 to {limit} characters")
+
+
+@contextlib.asynccontextmanager
+async def _database() -> AsyncIterator[None]:
+    """SQLAlchemy failures become `KeyStoreUnavailable` (a 503, not the caller's fault)."""
+    try:
+        yield
+    except SQLAlchemyError as exc:
+        raise KeyStoreUnavailable() from exc
+
+
+class KeyStore:
+    """API keys stored as HMAC-SHA256(pepper, secret) in the `api_keys` table."""
+
+    def __init__(
+        self, engine: AsyncEngine, pepper: bytes, *, last_used_interval_s: float = 60
+    ) -> None:
+        if len(pepper) < 32:
+            raise AuthConfigError("the API key pepper must be at least 32 bytes")
+        self._engine = engine
+        self._pepper = pepper
+        self._interval = last_used_interval_s
+        self._last_touch: dict[str, datetime] = {}
+        self._pending: dict[str, datetime] = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def create(
+        self,
+        role: str,
+        team: str | None = None,
+        name: str | None = None,
+        expires_at: datetime | None = None,
+        created_by: str | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> tuple[str, ApiKeyRecord]:
+        """A new key: `(plaintext, record)`.  The plaintext exists only in the return value;
+        show it once and drop it (it is neither stored nor logged)."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {sorted(ROLES)}")
+        _label(team, "team")
+        _label(name, "name")
+        _label(created_by, "created_by", _MAX_CREATED_BY)
+        if expires_at is not None:
+            _utc(expires_at, "expires_at")
+        created_at = _utc(now, "now")
+        for attempt in range(_CREATE_ATTEMPTS):
+            text = apikeys.generate_api_key()
+            key_id, secret = apikeys.parse_api_key(text)
+            record = ApiKeyRecord(
+                key_id=key_id,
+                role=role,
+                team=team,
+                name=name,
+                created_at=created_at,
+                created_by=created_by,
+                expires_at=expires_at,
+                revoked_at=None,
+                last_used_at=None,
+            )
+            values = msgspec.structs.asdict(record)
+            values["secret_hmac"] = apikeys.secret_digest(self._pepper, secret)
+            try:
+                async with _database(), self._engine.begin() as conn:
+                    await conn.execute(api_keys.insert().values(**values))
+            except KeyStoreUnavailable as exc:
+                # a 71-bit id collision is astronomically unlikely; retry rather than fail
+                if isinstance(exc.__cause__, IntegrityError) and attempt + 1 < _CREATE_ATTEMPTS:
+                    continue
+                raise
+            return text, record
+        raise AssertionError("unreachable")
+
+    async def authenticate(self, text: str, now: datetime | None = None) -> Principal:
+        """The principal of an API key, or an `AuthenticationFailed` subclass saying why not:
+        `MalformedKey`, `UnknownKey`, `WrongSecret`, `KeyRevoked`, `KeyExpired`."""
+        now = _utc(now, "now")
+        key_id, secret = apikeys.parse_api_key(text)
+        digest = apikeys.secret_digest(self._pepper, secret)
+        stmt = select(api_keys).where(api_keys.c.key_id == key_id)
+        async with _database(), self._engine.connect() as conn:
+            row = (await conn.execute(stmt)).first()
+        matched = hmac.compare_digest(digest, row.secret_hmac if row is not None else _NO_DIGEST)
+        if row is None:
+            raise UnknownKey()
+        if not matched:
+            raise WrongSecret()
+        if row.revoked_at is not None:
+            raise KeyRevoked()
+        if row.expires_at is not None and now >= row.expires_at:
+            raise KeyExpired()
+        self._touch(key_id, now)
+        return Principal(
+            key_id=key_id,
+            method="api_key",
+            team=row.team,
+            roles=frozenset({row.role}),
+            subject=row.name,
+        )
+
+    async def get(self, key_id: str) -> ApiKeyRecord | None:
+        """One key's record, or None."""
+        stmt = select(*_RECORD_COLUMNS).where(api_keys.c.key_id == key_id)
+        async with _database(), self._engine.connect() as conn:
+            row = (await conn.execute(stmt)).first()
+        return None if row is None else _record(row)
+
+    async def list(self) -> builtins.list[ApiKeyRecord]:
+        """Every key, oldest first (revoked and expired ones included)."""
+        stmt = select(*_RECORD_COLUMNS).order_by(api_keys.c.created_at, api_keys.c.key_id)
+        async with _database(), self._engine.connect() as conn:
+            rows = (await conn.execute(stmt)).all()
+        return [_record(row) for row in rows]
+
+    async def revoke(self, key_id: str, now: datetime | None = None) -> bool:
+        """Revoke a key from `now` on; False if it does not exist or was already revoked."""
+        now = _utc(now, "now")
+        stmt = (
+            update(api_keys)
+            .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+            .values(revoked_at=now)
+        )
+        async with _database(), self._engine.begin() as conn:
+            result = await conn.execute(stmt)
+        return result.rowcount == 1
+
+    async def aclose(self) -> None:
+        """Stop recording last use and wait for the writes already scheduled."""
+        self._closed = True
+        await self.drain()
+
+    async def drain(self) -> None:
+        """Wait until every scheduled last-used write has been attempted."""
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)
+
+    def _touch(self, key_id: str, now: datetime) -> None:
+        if self._closed:
+            return
+        last = self._last_touch.get(key_id)
+        if last is not None and (now - last).total_seconds() < self._interval:
+            return
+        self._last_touch[key_id] = now
+        self._pending[key_id] = now
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(
+                self._flush(), name="airgate-api-key-last-used"
+            )
+
+    async def _flush(self) -> None:
+        # Never moves last_used_at backwards (another replica may have written a later time).
+        when = bindparam("b_when", type_=UtcDateTime())
+        stmt = (
+            update(api_keys)
+            .where(
+                api_keys.c.key_id == bindparam("b_key_id"),
+                or_(api_keys.c.last_used_at.is_(None), api_keys.c.last_used_at < when),
+            )
+            .values(last_used_at=when)
+        )
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            params = [{"b_key_id": key, "b_when": when} for key, when in batch.items()]
+            try:
+                async with self._engine.begin() as conn:
+                    await conn.execute(stmt, params)
+            except Exception as exc:
+                _log.warning(
+                    "could not record the last use of %d API key(s): %s",
+                    len(batch),
+                    type(exc).__name__,
+                )
