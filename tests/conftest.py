@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from e2e.server_process import seed_data_dir  # tests/ is on sys.path (rootdir conftest)
+from e2e.server_process import TEST_KEYS, seed_data_dir  # tests/ is on sys.path
 
-from gateway.config import load_settings
+from gateway.config import Settings, load_settings
+from gateway.keys import key_store
 from gateway.kms import KeyProviders
 from gateway.weights import ensure_default_bundle
 
@@ -26,11 +30,20 @@ def gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data dir where the default model has been sealed into its bundle, once per session."""
+    """A data dir where the default model has been sealed into its bundle and the database
+    holds one API key per role (in `test-keys.json`), once per session."""
     data = tmp_path_factory.mktemp("model-data")
     settings = load_settings(environ={}, overrides={"data_dir": str(data)})
     ensure_default_bundle(settings, KeyProviders(settings))
+    keys = asyncio.run(create_keys(settings, ("app", "auditor", "admin")))
+    (data / TEST_KEYS).write_text(json.dumps(keys))
     return data
+
+
+async def create_keys(settings: Settings, roles: Sequence[str]) -> dict[str, str]:
+    """role -> a new API key of that role in the configuration's database."""
+    async with key_store(settings) as store:
+        return {role: (await store.create(role, name=f"test-{role}"))[0] for role in roles}
 
 
 @pytest.fixture

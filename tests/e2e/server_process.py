@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,10 +45,15 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return environ
 
 
-def seed_data_dir(target: Path, model_dir: Path) -> Path:
-    """A fresh data dir holding the sealed default bundle and its keys, by hard links.
+TEST_KEYS = "test-keys.json"  # role -> API key, written by the model_dir fixture
 
-    Hard links, not copies: no 253 MB copy per test, and the 0600 key files keep their mode.
+
+def seed_data_dir(target: Path, model_dir: Path) -> Path:
+    """A fresh data dir holding the sealed default bundle, its keys, and a database with one
+    API key per role (`test_keys(data_dir)` reads them).
+
+    The bundle and key files are hard links (no 253 MB copy; 0600 modes kept); the database
+    is copied, because each server writes its own audit log into it.
     """
     for sub in ("bundles", "keys"):
         for item in (model_dir / sub).rglob("*"):
@@ -57,7 +63,21 @@ def seed_data_dir(target: Path, model_dir: Path) -> Path:
             else:
                 dest.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
                 dest.hardlink_to(item)
+    for name in ("airgate.db", TEST_KEYS):
+        if (model_dir / name).exists():
+            shutil.copy2(model_dir / name, target / name)
     return target
+
+
+def test_keys(data_dir: Path) -> dict[str, str]:
+    """role -> API key of a seeded data dir ("app", "auditor", "admin")."""
+    keys: dict[str, str] = json.loads((data_dir / TEST_KEYS).read_text())
+    return keys
+
+
+def auth(data_dir: Path, role: str = "app") -> dict[str, str]:
+    """The Authorization header for a seeded data dir's key of `role`."""
+    return {"Authorization": f"Bearer {test_keys(data_dir)[role]}"}
 
 
 def serve_command(port: int, data_dir: Path, *more: str) -> list[str]:
