@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import signal
 from collections.abc import AsyncIterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -78,10 +79,17 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
         opened = contextlib.nullcontext(given) if given is not None else open_security(settings)
         async with opened as security:
             holder.security = security
+            loop = asyncio.get_running_loop()
+            # `airgate policy reload` (or kill -HUP): a broken policy never replaces one; off
+            # the main thread (tests) there are no signals
+            with contextlib.suppress(RuntimeError, ValueError):
+                loop.add_signal_handler(signal.SIGHUP, security.policy.reload)
             try:
                 yield
             finally:
                 holder.security = None
+                with contextlib.suppress(RuntimeError, ValueError):
+                    loop.remove_signal_handler(signal.SIGHUP)
 
     @contextlib.asynccontextmanager
     async def engines(_: Litestar) -> AsyncIterator[None]:

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from . import env
+from .cli_admin import audit_app, db_app, keys_app, policy_app
 from .cli_bundles import bundle_app, kms_app, signing_key_app
 from .config import ConfigError, Settings, load_settings
 
@@ -28,6 +29,10 @@ app = typer.Typer(
 app.add_typer(bundle_app, name="bundle")
 app.add_typer(signing_key_app, name="signing-key")
 app.add_typer(kms_app, name="kms")
+app.add_typer(keys_app, name="keys")
+app.add_typer(policy_app, name="policy")
+app.add_typer(audit_app, name="audit")
+app.add_typer(db_app, name="db")
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

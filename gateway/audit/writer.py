@@ -16,6 +16,11 @@ append, or a COMMIT whose answer was lost): then it succeeds with the stored seq
 Checkpoints: every `checkpoint_every` rows (exact ranges), when the oldest unchecked row has
 waited `checkpoint_interval_s`, and on `stop()`, so a cleanly stopped log has no rows protected
 by the chain alone.
+
+One writer per chain is the design (the gateway's lifespan owns it).  A second process appending
+to the same database (the CLI while a server runs) is safe, since seq conflicts are retried on
+the re-read head, but the two interleave in one chain.  Driver errors are logged by class name
+only (their messages can carry statement parameters).
 """
 
 from __future__ import annotations
@@ -151,6 +156,8 @@ class AuditWriter:
             raise AuditUnavailable("the audit writer is not running")
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         await self._queue.put((event, future))
+        if self._task is None or self._task.done():
+            self._fail_queued()  # the writer ended while this append waited for queue space
         return await future
 
     def append_nowait(self, event: AuditEvent) -> None:
@@ -207,6 +214,7 @@ class AuditWriter:
                 with contextlib.suppress(BaseException):
                     if (item := getter.result()) is not None:
                         self._queue.put_nowait(item)
+            self._fail_queued()
 
     def _fail_queued(self) -> None:
         while True:
