@@ -6,7 +6,7 @@ import asyncio
 import fcntl
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -140,13 +140,29 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
     except BundleError as exc:
         raise _fail(f"cannot serve the configured bundles: {exc}", code=1) from None
     app_ = create_app(settings, registry=registry)
+    tls: dict[str, Any] = {}
+    if (mtls := settings.auth.mtls) is not None:
+        import ssl
+
+        from .tls import TlsHttpProtocol
+
+        # client certificates are required and verified in the handshake; the protocol
+        # passes the verified certificate to the app (the ASGI TLS extension)
+        tls = {
+            "ssl_certfile": mtls.cert_file,
+            "ssl_keyfile": mtls.key_file,
+            "ssl_ca_certs": mtls.ca_file,
+            "ssl_cert_reqs": ssl.CERT_REQUIRED,
+            "http": TlsHttpProtocol,
+        }
     server = uvicorn.Server(
         uvicorn.Config(
             app_,
             host=settings.server.host,
             port=settings.server.port,
             loop="uvloop",
-            http="httptools",
+            http=tls.pop("http", "httptools"),
+            **tls,
             lifespan="on",
             access_log=False,
             log_config=None,
