@@ -162,6 +162,10 @@ class AuditSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
     checkpoint_every: Annotated[int, Meta(ge=1)] = 1000
     checkpoint_interval_s: Annotated[float, Meta(gt=0)] = 10.0
     migrate: bool = False  # PostgreSQL: migrate an old schema at start (SQLite always does)
+    # SQLite: "full" fsyncs every commit (survives power loss, ~2-5 ms a commit on ordinary
+    # disks); "normal" is durable against any crash of airgate and reaches the disk at the
+    # next WAL checkpoint.  PostgreSQL follows its own synchronous_commit.
+    sqlite_synchronous: Literal["full", "normal"] = "full"
 
 
 class Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -118,7 +118,7 @@ async def open_security(settings: Settings) -> AsyncIterator[Security]:
     url = database_url(settings.data_dir, settings.audit.database_url)
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240
     await ensure_schema(url, migrate=settings.audit.migrate)
-    engine = create_db_engine(url)
+    engine = create_db_engine(url, sqlite_synchronous=settings.audit.sqlite_synchronous)
     pepper_path = Path(settings.auth.pepper_file or default_pepper_path(settings.data_dir))
     keys = KeyStore(engine, load_or_create_pepper(pepper_path))
     jwt = None

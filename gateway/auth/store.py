@@ -16,6 +16,7 @@ import builtins
 import contextlib
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -95,11 +96,21 @@ class KeyStore:
     """API keys stored as HMAC-SHA256(pepper, secret) in the `api_keys` table."""
 
     def __init__(
-        self, engine: AsyncEngine, pepper: bytes, *, last_used_interval_s: float = 60
+        self,
+        engine: AsyncEngine,
+        pepper: bytes,
+        *,
+        last_used_interval_s: float = 60,
+        cache_ttl_s: float = 2.0,
     ) -> None:
         if len(pepper) < 32:
             raise AuthConfigError("the API key pepper must be at least 32 bytes")
         self._engine = engine
+        # key id -> (row, monotonic time read): a request re-reads a key at most every
+        # `cache_ttl_s`; a revocation through this store takes effect at once, one made by
+        # another process (the CLI, another replica) within `cache_ttl_s`
+        self._cache_ttl = cache_ttl_s
+        self._rows: dict[str, tuple[Any, float]] = {}
         self._pepper = pepper
         self._interval = last_used_interval_s
         self._last_touch: dict[str, datetime] = {}
@@ -160,9 +171,17 @@ class KeyStore:
         now = _utc(now, "now")
         key_id, secret = apikeys.parse_api_key(text)
         digest = apikeys.secret_digest(self._pepper, secret)
-        stmt = select(api_keys).where(api_keys.c.key_id == key_id)
-        async with _database(), self._engine.connect() as conn:
-            row = (await conn.execute(stmt)).first()
+        cached = self._rows.get(key_id)
+        if cached is not None and time.monotonic() - cached[1] < self._cache_ttl:
+            row = cached[0]
+        else:
+            stmt = select(api_keys).where(api_keys.c.key_id == key_id)
+            async with _database(), self._engine.connect() as conn:
+                row = (await conn.execute(stmt)).first()
+            if row is not None:
+                if len(self._rows) > 100_000:  # bounded: a flood of ids cannot grow it
+                    self._rows.clear()
+                self._rows[key_id] = (row, time.monotonic())
         matched = hmac.compare_digest(digest, row.secret_hmac if row is not None else _NO_DIGEST)
         if row is None:
             raise UnknownKey()
@@ -205,6 +224,7 @@ class KeyStore:
         )
         async with _database(), self._engine.begin() as conn:
             result = await conn.execute(stmt)
+        self._rows.pop(key_id, None)
         return result.rowcount == 1
 
     async def aclose(self) -> None:
