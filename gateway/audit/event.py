@@ -10,11 +10,11 @@ inputs or vectors, logprob token text, exception messages that echo input.
 
 The type makes the second list impossible rather than merely discouraged: every string field is
 an identifier or an enum (a bounded pattern without whitespace), sampling holds numbers and
-booleans only, and an event is validated against those constraints when it is constructed (msgspec
-checks `Meta` constraints only when decoding, so `__post_init__` round-trips the event through
-the validating decoder).  Exception messages have no field at all: `error_class` is a class name
-or an error code.  The stored body is the canonical JSON of the event (`encode_event`), which the
-hash chain covers byte for byte.
+booleans only, and an event is checked against those constraints when it is constructed
+(msgspec checks `Meta` constraints only when decoding; `_validator` compiles the same constraints
+into a check that `__post_init__` runs).  Exception messages have no field at all: `error_class`
+is a class name or an error code.  The stored body is the canonical JSON of the event
+(`encode_event`), which the hash chain covers byte for byte.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from ._validator import compile_validator
 from .errors import InvalidAuditEvent
 
 __all__ = [
@@ -77,8 +78,7 @@ Detail = Annotated[dict[Key, Ident | int], Meta(max_length=16)]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-# set while the validating decoder builds an event, so that event's __post_init__ does not
-# validate it a second time (and does not recurse)
+# set while the (validating) decoder builds an event, so its __post_init__ does not check twice
 _decoding: contextvars.ContextVar[bool] = contextvars.ContextVar("audit_decoding", default=False)
 
 
@@ -123,21 +123,14 @@ class AuditEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     detail: Detail = {}  # admin, audit-access and bundle events: target ids, counts, formats
 
     def __post_init__(self) -> None:
-        if not isinstance(self.ts, datetime) or self.ts.tzinfo is None:
-            raise InvalidAuditEvent("Expected a timezone-aware datetime - at `$.ts`")
-        if self.ts.utcoffset() != timedelta(0):
-            msgspec.structs.force_setattr(self, "ts", self.ts.astimezone(UTC))
+        ts = self.ts
+        if isinstance(ts, datetime) and ts.tzinfo is not None and ts.utcoffset() != timedelta(0):
+            msgspec.structs.force_setattr(self, "ts", ts.astimezone(UTC))
         if _decoding.get():
-            return
-        token = _decoding.set(True)
-        try:
-            _decoder.decode(_encoder.encode(self))
-        except msgspec.ValidationError as exc:
-            raise InvalidAuditEvent(str(exc)) from None
-        except (TypeError, msgspec.EncodeError):
-            raise InvalidAuditEvent("an audit event field has an unsupported type") from None
-        finally:
-            _decoding.reset(token)
+            return  # the decoder has just checked every constraint
+        bad = _validate(self)
+        if bad is not None:
+            raise InvalidAuditEvent(f"Invalid audit event field - at `{bad}`")
 
 
 class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -151,6 +144,7 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 _encoder = msgspec.json.Encoder(order="sorted")
 _decoder = msgspec.json.Decoder(AuditEvent)
+_validate = compile_validator(AuditEvent)
 
 
 def encode_event(event: AuditEvent) -> bytes:

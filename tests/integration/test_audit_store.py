@@ -135,7 +135,7 @@ async def test_migrations_create_the_schema_the_code_declares(db_url: str) -> No
         async with eng.connect() as conn:
 
             def diff(sync_conn: Any) -> list[Any]:
-                return compare_metadata(MigrationContext.configure(sync_conn), metadata)
+                return list(compare_metadata(MigrationContext.configure(sync_conn), metadata))
 
             changes = await conn.run_sync(diff)
     finally:

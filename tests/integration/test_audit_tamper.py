@@ -11,6 +11,7 @@ row-level finding is among `problems`; in the unchecked tail the chain alone nam
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -103,8 +104,8 @@ async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[A
         engine = create_db_engine(url)
         try:
             async with AuditWriter(engine, signing_key=KEY, checkpoint_every=10) as writer:
-                for i in range(1, 36):
-                    assert await writer.append(make_event(i)) == i
+                appends = [writer.append(make_event(i)) for i in range(1, 36)]
+                assert await asyncio.gather(*appends) == list(range(1, 36))
             prev = (await row(engine, 35))["row_hash"]
             tail = []
             for seq in range(36, 41):

@@ -134,6 +134,70 @@ def test_validation_messages_name_the_field_not_the_value() -> None:
     assert "secret" not in str(info.value)
 
 
+def test_nested_paths_are_named() -> None:
+    with pytest.raises(InvalidAuditEvent, match=r"\$\.principal\.subject"):
+        event(principal=AuditPrincipal(subject="two words"))
+    with pytest.raises(InvalidAuditEvent, match=r"\$\.sampling\['top_p'\]"):
+        event(sampling={"top_p": "0.9"})
+
+
+_STRING_FIELDS = ["event_id", "request_id", "action", "model", "bundle_digest", "route",
+                  "error_class", "finish_reason", "decision", "kind", "outcome"]  # fmt: skip
+
+
+def _agrees(changes: dict[str, Any]) -> None:
+    """Construction accepts exactly what the validating decoder accepts."""
+    builtins = msgspec.to_builtins(event())
+    try:
+        decode_event(msgspec.json.encode({**builtins, **msgspec.to_builtins(changes)}))
+        decodes = True
+    except msgspec.ValidationError:
+        decodes = False
+    try:
+        event(**changes)
+        constructs = True
+    except InvalidAuditEvent:
+        constructs = False
+    assert decodes == constructs, changes
+
+
+@given(
+    st.sampled_from(_STRING_FIELDS),
+    st.one_of(
+        st.text(max_size=300), st.from_regex(r"[A-Za-z0-9_.:@/+\-]{1,130}\n?", fullmatch=True)
+    ),
+)
+def test_construction_agrees_with_the_decoder_on_strings(field: str, value: str) -> None:
+    _agrees({field: value})
+
+
+@given(
+    st.dictionaries(
+        st.one_of(st.text(max_size=40), st.from_regex(r"[a-z][a-z0-9_]{0,33}", fullmatch=True)),
+        st.one_of(st.booleans(), st.integers(), st.floats(), st.text(max_size=5), st.none()),
+        max_size=30,
+    )
+)
+def test_construction_agrees_with_the_decoder_on_sampling(sampling: dict[str, Any]) -> None:
+    _agrees({"sampling": sampling})
+
+
+@given(st.integers(-(2**40), 2**40), st.floats(allow_nan=False, allow_infinity=False))
+def test_construction_agrees_with_the_decoder_on_numbers(n: int, x: float) -> None:
+    _agrees({"http_status": n})
+    _agrees({"prompt_tokens": n})
+    _agrees({"latency_ms": x})
+
+
+@pytest.mark.parametrize("x", [math.inf, -math.inf, math.nan])
+def test_non_finite_numbers_are_refused(x: float) -> None:
+    """JSON has no spelling for them (msgspec would store null): refuse rather than change."""
+    with pytest.raises(InvalidAuditEvent):
+        event(latency_ms=x)
+    with pytest.raises(InvalidAuditEvent):
+        event(sampling={"temperature": x})
+
+
 def test_timestamps_are_kept_in_utc_with_microseconds() -> None:
     plus_two = timezone(timedelta(hours=2))
     e = event(ts=TS.astimezone(plus_two))
