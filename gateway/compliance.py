@@ -17,7 +17,7 @@ from typing import Any, Literal
 import msgspec
 from litestar import Request, Response, Router, get
 from litestar.di import NamedDependency
-from litestar.params import FromPath
+from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 
 from .access import record_access, requires
@@ -50,15 +50,15 @@ async def list_events(
     request: Request[Any, Any, Any],
     security: NamedDependency[Security],
     principal: NamedDependency[Principal],
-    start: datetime | None = None,
-    end: datetime | None = None,
-    key_id: str | None = None,
-    team: str | None = None,
-    model: str | None = None,
-    kind: EventKind | None = None,
-    outcome: Outcome | None = None,
-    cursor: str | None = None,
-    limit: int = 100,
+    start: FromQuery[datetime | None] = None,
+    end: FromQuery[datetime | None] = None,
+    key_id: FromQuery[str | None] = None,
+    team: FromQuery[str | None] = None,
+    model: FromQuery[str | None] = None,
+    kind: FromQuery[EventKind | None] = None,
+    outcome: FromQuery[Outcome | None] = None,
+    cursor: FromQuery[str | None] = None,
+    limit: FromQuery[int] = 100,
 ) -> Response[bytes]:
     """One page of audit events, oldest first; follow `next_cursor` for the next page."""
     try:
@@ -117,14 +117,14 @@ async def export_events(
     request: Request[Any, Any, Any],
     security: NamedDependency[Security],
     principal: NamedDependency[Principal],
-    format: Literal["jsonl", "csv", "ocsf"] = "jsonl",
-    start: datetime | None = None,
-    end: datetime | None = None,
-    key_id: str | None = None,
-    team: str | None = None,
-    model: str | None = None,
-    kind: EventKind | None = None,
-    outcome: Outcome | None = None,
+    format: FromQuery[Literal["jsonl", "csv", "ocsf"]] = "jsonl",
+    start: FromQuery[datetime | None] = None,
+    end: FromQuery[datetime | None] = None,
+    key_id: FromQuery[str | None] = None,
+    team: FromQuery[str | None] = None,
+    model: FromQuery[str | None] = None,
+    kind: FromQuery[EventKind | None] = None,
+    outcome: FromQuery[Outcome | None] = None,
 ) -> Stream:
     """The selected events as JSONL, CSV (formula-injection safe) or OCSF 6003, streamed."""
     flt = AuditFilter(
@@ -157,8 +157,8 @@ async def verify_log(
     request: Request[Any, Any, Any],
     security: NamedDependency[Security],
     principal: NamedDependency[Principal],
-    first_seq: int | None = None,
-    last_seq: int | None = None,
+    first_seq: FromQuery[int | None] = None,
+    last_seq: FromQuery[int | None] = None,
 ) -> Response[bytes]:
     """Verify the hash chain and the signed checkpoints (the same function as the CLI)."""
     report = await verify(
