@@ -8,6 +8,7 @@ import functools
 import logging
 import signal
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -16,6 +17,7 @@ from litestar.datastructures import State
 from litestar.di import Provide
 
 from .admin import admin_router
+from .audit import AuditEvent, new_event_id
 from .auth import Principal
 from .compliance import compliance_router
 from .config import Settings
@@ -93,7 +95,11 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
 
     @contextlib.asynccontextmanager
     async def engines(_: Litestar) -> AsyncIterator[None]:
-        loading = asyncio.ensure_future(start_engines(models))
+        async def load() -> None:
+            await start_engines(models)
+            await _audit_bundles(holder, models)
+
+        loading = asyncio.ensure_future(load())
         loading.add_done_callback(functools.partial(_on_loaded, models))
         try:
             yield
@@ -134,6 +140,28 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
     # request id and a log line too.
     app.asgi_handler = RequestLogMiddleware(AuthMiddleware(app.asgi_handler, holder), metrics)
     return app
+
+
+async def _audit_bundles(holder: SecurityHolder, models: ModelRegistry) -> None:
+    """One `bundle.loaded` event per model served from a bundle (signed, digest-checked)."""
+    security = holder.security
+    if security is None:
+        return
+    for model in models.models:
+        if model.bundle is None:
+            continue
+        bundle_id, digest, signer = model.bundle
+        security.audit.append_nowait(
+            AuditEvent(
+                event_id=new_event_id(),
+                ts=datetime.now(UTC),
+                kind="bundle.loaded",
+                outcome="success",
+                model=model.id,
+                bundle_digest=digest,
+                detail={"bundle_id": bundle_id, "signer": signer},
+            )
+        )
 
 
 def _on_loaded(models: ModelRegistry, task: asyncio.Future[None]) -> None:

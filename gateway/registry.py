@@ -14,13 +14,23 @@ __all__ = ["ModelRegistry", "ServedModel"]
 
 
 class ServedModel:
-    __slots__ = ("aliases", "created", "engine", "id")
+    __slots__ = ("aliases", "bundle", "created", "engine", "id", "source")
 
-    def __init__(self, model_id: str, engine: Engine, aliases: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        model_id: str,
+        engine: Engine,
+        aliases: Iterable[str] = (),
+        *,
+        source: object = None,
+    ) -> None:
         self.id = model_id
+        self.source = source  # where the engine's weights come from (a bundle source)
         self.engine = engine
         self.aliases = tuple(aliases)
         self.created = int(time.time())
+        # (bundle id, manifest SHA-256, signer key id) once loaded from a bundle
+        self.bundle: tuple[str, str, str] | None = None
 
 
 class ModelRegistry:

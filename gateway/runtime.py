@@ -14,7 +14,7 @@ from pathlib import Path
 
 from backends.echo import EchoEngine
 from backends.llamacpp import LlamaCppEngine, LlamaCppOptions
-from backends.types import Engine, ModelSource
+from backends.types import Engine
 from bundles import BundlePolicyError, Manifest, TrustedKeys, check_bundle
 
 from .config import ConfigError, ModelSettings, Settings
@@ -59,7 +59,7 @@ def _bundle_engine(
     bundle: Path,
     trusted: TrustedKeys,
     providers: KeyProviders,
-) -> Engine:
+) -> tuple[Engine, BundleSource]:
     # signature first (nothing unsigned is believed), then validity, policy and sizes: a bundle
     # that cannot be served stops start-up here, before the port is bound
     verified = check_bundle(bundle, trusted, now=datetime.now(UTC))
@@ -78,14 +78,14 @@ def _bundle_engine(
         verified.digest,
         verified.signer,
     )
-    source: ModelSource = BundleSource(
+    source = BundleSource(
         bundle,
         trusted=trusted,
         providers=providers,
         engine="llama.cpp",
         allowed_providers=settings.bundles.allowed_providers,
     )
-    return LlamaCppEngine(source, _llamacpp_options(settings, model, manifest))
+    return LlamaCppEngine(source, _llamacpp_options(settings, model, manifest)), source
 
 
 def _engine(
@@ -94,10 +94,11 @@ def _engine(
     trusted: TrustedKeys,
     providers: KeyProviders,
     allow_plaintext: bool,
-) -> Engine:
+) -> tuple[Engine, BundleSource | None]:
     if model.engine == "echo":
         _log.warning("model %s is served by the echo engine (for HTTP benchmarks only)", model.id)
-        return EchoEngine(context_length=model.context_length or settings.engine.context_length)
+        context = model.context_length or settings.engine.context_length
+        return EchoEngine(context_length=context), None
     if model.bundle:
         return _bundle_engine(settings, model, Path(model.bundle), trusted, providers)
     assert model.path is not None  # config validation: exactly one of bundle / path
@@ -112,7 +113,7 @@ def _engine(
         model.id,
         model.path,
     )
-    return LlamaCppEngine(model.path, _llamacpp_options(settings, model))
+    return LlamaCppEngine(model.path, _llamacpp_options(settings, model)), None
 
 
 def build_registry(settings: Settings, *, allow_plaintext: bool = False) -> ModelRegistry:
@@ -127,16 +128,20 @@ def build_registry(settings: Settings, *, allow_plaintext: bool = False) -> Mode
         bundle = ensure_default_bundle(settings, providers)
         models = [ModelSettings(id=DEFAULT_MODEL_ID, bundle=str(bundle))]
     trusted = trusted_keys(settings)
-    registry = ModelRegistry(
-        ServedModel(m.id, _engine(settings, m, trusted, providers, allow_plaintext), m.aliases)
-        for m in models
-    )
+    served = []
+    for m in models:
+        engine, source = _engine(settings, m, trusted, providers, allow_plaintext)
+        served.append(ServedModel(m.id, engine, m.aliases, source=source))
+    registry = ModelRegistry(served)
     registry.on_close.append(providers.close)
     return registry
 
 
 async def start_engines(registry: ModelRegistry) -> None:
     await asyncio.gather(*(m.engine.start() for m in registry.models))
+    for model in registry.models:
+        if isinstance(model.source, BundleSource):
+            model.bundle = model.source.loaded
     registry.ready = True
     _log.info("ready: serving %s", ", ".join(registry.names()))
 

@@ -74,6 +74,7 @@ class BundleSource:
         self._engine = engine
         self._allowed = None if allowed_providers is None else set(allowed_providers)
         self._opened: OpenedModel | None = None
+        self.loaded: tuple[str, str, str] | None = None  # bundle id, digest, signer
 
     def open(self) -> str:
         try:
@@ -89,6 +90,11 @@ class BundleSource:
             # the operator needs to know which check failed; the exception text stays generic
             _log.error("bundle %s failed the %s check (%s)", self.path, exc.reason, exc.file)
             raise
+        self.loaded = (
+            self._opened.manifest.bundle_id,
+            self._opened.digest,
+            self._opened.signer,
+        )
         return self._opened.path
 
     def release(self) -> None:
