@@ -68,13 +68,13 @@ def _principal(request: Request[Any, Any, Any]) -> Principal:
 
 def _build(settings: Settings, models: ModelRegistry, given: Security | None) -> Litestar:
     metrics = Metrics(models)
+    holder = SecurityHolder()
+    metrics.watch(lambda: _access_gauges(holder))
     schema = openapi_document(_version())
 
     @get("/openapi.json", include_in_schema=False)
     async def openapi() -> Response[Any]:
         return Response(schema, media_type="application/json")
-
-    holder = SecurityHolder()
 
     @contextlib.asynccontextmanager
     async def access(_: Litestar) -> AsyncIterator[None]:
@@ -140,6 +140,25 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
     # request id and a log line too.
     app.asgi_handler = RequestLogMiddleware(AuthMiddleware(app.asgi_handler, holder), metrics)
     return app
+
+
+def _access_gauges(holder: SecurityHolder) -> dict[str, tuple[str, float]]:
+    security = holder.security
+    if security is None:
+        return {}
+    stats = security.audit.stats
+    return {
+        "airgate_limits_degraded": (
+            "1 while Redis is unreachable and limits are kept in this process",
+            float(getattr(security.limiter, "degraded", False)),
+        ),
+        "airgate_audit_events_committed": ("Audit events committed", float(stats.appended)),
+        "airgate_audit_events_dropped": (
+            "Best-effort audit events dropped (writer stopped or queue full)",
+            float(stats.dropped),
+        ),
+        "airgate_audit_commit_failures": ("Audit transactions that failed", float(stats.failures)),
+    }
 
 
 async def _audit_bundles(holder: SecurityHolder, models: ModelRegistry) -> None:

@@ -6,7 +6,7 @@ Engine gauges are read at scrape time from `Engine.load()`; nothing here holds c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -68,7 +68,22 @@ class _EngineCollector(Collector):
         yield kv
 
 
+class _GaugeCollector(Collector):
+    """Gauges read at scrape time from a callable: name -> (help, value)."""
+
+    def __init__(self, read: Callable[[], dict[str, tuple[str, float]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, (text, value) in self._read().items():
+            yield GaugeMetricFamily(name, text, value=value)
+
+
 class Metrics:
+    def watch(self, read: Callable[[], dict[str, tuple[str, float]]]) -> None:
+        """Export the gauges `read()` returns at every scrape (access stack state)."""
+        self.registry.register(_GaugeCollector(read))
+
     def __init__(self, models: ModelRegistry) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call] # as vLLM does: `_created` series only add cardinality
         self.registry = CollectorRegistry(auto_describe=True)
