@@ -6,6 +6,8 @@ Each run (repeated ``--runs`` times, figures are the median with min and max):
    gateway's concurrency-1 batch; no server is running meanwhile, so nothing shares the CPUs;
 2. ``airgate serve`` on a free port (data dir reused across runs), one warm-up request, then
    ``/v1/completions`` streamed at concurrency 1, 4 and 8; the server is stopped afterwards.
+   Every request sends an app key: ``--api-key``, or one created in the server's database
+   before each start (``gateway.keys.key_store``, the database ``serve`` will open).
 
 A run during which other processes used more than ``--max-foreign-load`` of the CPUs (measured
 from /proc/stat minus this process tree's CPU time) is discarded and repeated: on a 2-core
@@ -37,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +277,35 @@ def spawned(
             _stop(proc)
 
 
+def _config_arg(server_args: Sequence[str]) -> str | None:
+    """The ``--config``/``-c`` file among the extra ``airgate serve`` arguments, if any."""
+    for i, arg in enumerate(server_args):
+        if arg in ("--config", "-c") and i + 1 < len(server_args):
+            return server_args[i + 1]
+        if arg.startswith("--config="):
+            return arg.partition("=")[2]
+    return None
+
+
+def create_api_key(data_dir: Path, env: Mapping[str, str], server_args: Sequence[str]) -> str:
+    """A new app key in the database the server is about to open: settings are read as
+    ``airgate serve`` will read them (its environment, ``--config``, ``--data-dir``)."""
+    # Imported here: the raw baseline's process imports this module and needs no gateway.
+    from gateway.config import load_settings
+    from gateway.keys import key_store
+
+    settings = load_settings(
+        _config_arg(server_args), environ=env, overrides={"data_dir": str(data_dir)}
+    )
+
+    async def create() -> str:
+        async with key_store(settings) as store:
+            key, _ = await store.create("app", name="bench-edge", created_by="bench")
+            return key
+
+    return asyncio.run(create())
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -289,22 +320,23 @@ class GatewayOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 async def _drive(
     base_url: str,
-    api_key: str | None,
+    api_key: str,
     model: str,
     prompts: dict[int, list[str]],
     alive: Callable[[], bool],
     ready_timeout_s: float,
 ) -> GatewayOutcome:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {"Authorization": f"Bearer {api_key}"}
     timeout = httpx.Timeout(900.0, connect=10.0)
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout) as client:
         ready_s = await wait_ready(client, "/ready", ready_timeout_s, alive)
         try:
             warmup = await run_load(client, "/v1/completions", [_body(prompts[0][0], model)], 1)
         except LoadError as exc:
-            if exc.status == 401:
+            if exc.status in (401, 403):
                 raise BenchError(
-                    "the gateway wants an API key: pass --api-key or set AIRGATE_BENCH_API_KEY"
+                    f"the gateway refused the API key (HTTP {exc.status}): pass an app key with "
+                    "--api-key or AIRGATE_BENCH_API_KEY, or leave both unset to have one created"
                 ) from exc
             raise
         _check_lengths("gateway warm-up", warmup.requests)
@@ -328,12 +360,13 @@ def run_gateway(
     command += args.server_arg
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(OWN_ENV_PREFIX)}
     env = {**inherited, **server_env(args)}
+    api_key = args.api_key or create_api_key(data_dir, env, args.server_arg)
     with spawned(command, env, log_path) as proc:
         try:
             return asyncio.run(
                 _drive(
                     f"http://127.0.0.1:{port}",
-                    args.api_key,
+                    api_key,
                     args.model,
                     prompts,
                     lambda: proc.poll() is None,
@@ -388,7 +421,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--api-key",
         default=os.environ.get("AIRGATE_BENCH_API_KEY"),
-        help="bearer key for the gateway (default $AIRGATE_BENCH_API_KEY)",
+        help="app key for the gateway (default $AIRGATE_BENCH_API_KEY; if neither is set, a "
+        "new app key is created in the server's database before each start)",
     )
     group.add_argument(
         "--max-foreign-load",

@@ -158,6 +158,7 @@ async def admit(
     prompt_bytes: int,
     stream: bool,
     sampling: dict[str, bool | int | float],
+    sequences: int = 1,
 ) -> Admitted:
     """Decide, limit and record the admission of one inference request (or raise the error
     its client gets, after auditing it)."""
@@ -203,7 +204,8 @@ async def admit(
         )
         raise error
     limits = decision.limits
-    reserve = (decision.effective_max_tokens or max_tokens or _DEFAULT_MAX_TOKENS) * n
+    # every sequence (a prompt of a list, times n) may generate up to max_tokens
+    reserve = (decision.effective_max_tokens or max_tokens or _DEFAULT_MAX_TOKENS) * n * sequences
     reserve += math.ceil(prompt_bytes / 4)  # a prompt token is rarely under 4 bytes
     try:
         admission = await security.limiter.admit(

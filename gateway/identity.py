@@ -25,35 +25,17 @@ from litestar.types import (
 from .audit import AuditEvent, AuditPrincipal, AuditUnavailable, new_event_id
 from .auth import AuthenticationFailed, KeyStoreUnavailable, Principal, principal_from_client_cert
 from .errors import GatewayError, ServiceUnavailable, Unauthenticated, error_body
-from .reqlog import request_info
+from .reqlog import request_info, route_of
 from .security import Security
 from .tls import client_cert_pem
 
 __all__ = ["PUBLIC_PATHS", "AuthMiddleware", "SecurityHolder", "audit_route", "principal_of"]
 
+audit_route = route_of  # the audit log records route templates, never raw paths
+
 _log = logging.getLogger("airgate.auth")
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
-_ROUTES = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/models",
-    "/admin/keys",
-    "/audit/events",
-    "/audit/export",
-    "/audit/verify",
-    "/metrics",
-)
 _MAX_CREDENTIAL = 16 * 1024
-
-
-def audit_route(path: str) -> str:
-    """The route template a path falls under (a raw path may carry anything a client typed)."""
-    for route in _ROUTES:
-        if path == route:
-            return route
-        if path.startswith(route + "/"):
-            return route + "/{id}"
-    return "/other"
 
 
 def principal_of(scope: Scope) -> Principal | None:
@@ -143,7 +125,7 @@ class AuthMiddleware:
             outcome="denied",
             request_id=info.request_id if info else None,
             principal=AuditPrincipal(),
-            route=audit_route(scope.get("path", "")),
+            route=route_of(scope.get("path", "")),
             http_status=401,
             error_class=_code(reason),
         )

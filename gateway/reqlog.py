@@ -18,10 +18,37 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from .metrics import Metrics
 
-__all__ = ["RequestInfo", "RequestLogMiddleware", "request_info"]
+__all__ = ["RequestInfo", "RequestLogMiddleware", "request_info", "route_of"]
 
 _log = logging.getLogger("airgate.request")
 _VALID_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+
+
+_ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/admin/keys",
+    "/audit/events",
+    "/audit/export",
+    "/audit/verify",
+    "/health",
+    "/ready",
+    "/metrics",
+    "/openapi.json",
+)
+
+
+def route_of(path: str) -> str:
+    """The route template a raw path falls under, for logs, metric labels and the audit log:
+    a raw path (or an unknown one) may carry anything a client typed."""
+    for route in _ROUTES:
+        if path == route:
+            return route
+        if path.startswith(route + "/"):
+            return route + "/{id}"
+    return "/other"
 
 
 class RequestInfo:
@@ -85,14 +112,13 @@ class RequestLogMiddleware:
             self._log(scope, info, status, time.perf_counter() - start)
 
     def _log(self, scope: Scope, info: RequestInfo, status: int, elapsed: float) -> None:
-        path: str = scope.get("path", "")
-        self.metrics.requests.labels(
-            path if path.startswith("/v1/") else "other", str(status)
-        ).inc()
+        route = route_of(scope.get("path", ""))
+        self.metrics.requests.labels(route, str(status)).inc()
+        method = scope.get("method", "")
         fields: dict[str, Any] = {
             "request_id": info.request_id,
-            "method": scope.get("method"),
-            "path": path,
+            "method": method if method in _METHODS else "OTHER",
+            "path": route,
             "status": status,
             "latency_ms": round(elapsed * 1000, 2),
         }

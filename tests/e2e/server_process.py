@@ -6,6 +6,7 @@ wait on the server process itself, so a server that dies is noticed at once, not
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -19,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from gateway.config import load_settings
+from gateway.keys import key_store
 
 MODEL = "gemma-3-270m"
 # The base model stops after a few tokens; banning <eos>, <end_of_turn> and </s> makes every
@@ -80,6 +84,23 @@ def auth(data_dir: Path, role: str = "app") -> dict[str, str]:
     return {"Authorization": f"Bearer {test_keys(data_dir)[role]}"}
 
 
+def add_test_keys(data_dir: Path, roles: tuple[str, ...] = ("app",)) -> dict[str, str]:
+    """Create a key of each role in `data_dir`'s database (created and migrated first, as
+    `serve` would) and record it in its `test-keys.json`, so that `auth(data_dir)` works for a
+    server on a data dir that was not seeded.  Only for a data dir whose configuration leaves
+    the database and the pepper at their defaults (in the data dir)."""
+
+    async def create() -> dict[str, str]:
+        settings = load_settings(None, environ={}, overrides={"data_dir": str(data_dir)})
+        async with key_store(settings) as store:
+            return {r: (await store.create(r, name=f"test-{r}"))[0] for r in roles}
+
+    path = data_dir / TEST_KEYS
+    keys = {**(test_keys(data_dir) if path.exists() else {}), **asyncio.run(create())}
+    path.write_text(json.dumps(keys))
+    return keys
+
+
 def serve_command(port: int, data_dir: Path, *more: str) -> list[str]:
     return [
         sys.executable,
@@ -119,6 +140,14 @@ class Server:
                 env=clean_env({**SERVER_ENV, **(env or {})}),
             )
         return cls(process, port, data_dir, log_path)
+
+    def key(self, role: str = "app") -> str:
+        """The API key of `role` in this server's data dir (seeded, or `add_test_keys`)."""
+        return test_keys(self.data_dir)[role]
+
+    def auth(self, role: str = "app") -> dict[str, str]:
+        """The Authorization header of `key(role)`."""
+        return {"Authorization": f"Bearer {self.key(role)}"}
 
     def log_text(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")

@@ -27,6 +27,7 @@ from server_process import (
     NO_END,
     SERVER_ENV,
     Server,
+    add_test_keys,
     clean_env,
     free_port,
     serve_command,
@@ -404,7 +405,9 @@ def served(ws: Workspace) -> Iterator[Server]:
         "[kms.local]\n"
         f"key_file = {json.dumps(str(ws.key_file))}\n"
     )
-    server = spawn(ws.root / "serve-data", ws.root / "serve.log", "--config", str(config))
+    data_dir = ws.root / "serve-data"
+    add_test_keys(data_dir)
+    server = spawn(data_dir, ws.root / "serve.log", "--config", str(config))
     try:
         server.wait_ready()
     except BaseException:
@@ -415,7 +418,7 @@ def served(ws: Workspace) -> Iterator[Server]:
 
 
 def test_serve_the_bundle_and_chat(served: Server) -> None:
-    with OpenAI(base_url=f"{served.base_url}/v1", api_key="unused", max_retries=0) as client:
+    with OpenAI(base_url=f"{served.base_url}/v1", api_key=served.key(), max_retries=0) as client:
         assert [m.id for m in client.models.list().data] == [MODEL_ID]
         result = client.chat.completions.create(
             model=MODEL_ID,

@@ -64,7 +64,7 @@ def metric(samples: dict[str, float], name: str) -> float:
 
 
 def scrape(server: Server) -> dict[str, float]:
-    response = httpx.get(f"{server.base_url}/metrics", timeout=30)
+    response = httpx.get(f"{server.base_url}/metrics", headers=server.auth(), timeout=30)
     assert response.status_code == 200
     return metric_samples(response.text)
 
@@ -127,10 +127,12 @@ def test_two_servers_side_by_side(server: Server, seeded_data_dir: Path, tmp_pat
         }
         texts = []
         for srv in (server, other):
-            models = httpx.get(f"{srv.base_url}/v1/models", timeout=30)
+            models = httpx.get(f"{srv.base_url}/v1/models", headers=srv.auth(), timeout=30)
             assert models.status_code == 200
             assert MODEL in [m["id"] for m in models.json()["data"]]
-            completion = httpx.post(f"{srv.base_url}/v1/completions", json=request, timeout=120)
+            completion = httpx.post(
+                f"{srv.base_url}/v1/completions", json=request, headers=srv.auth(), timeout=120
+            )
             assert completion.status_code == 200
             texts.append(completion.json()["choices"][0]["text"])
         assert texts[0] == texts[1]
@@ -196,7 +198,11 @@ def test_metrics_expose_vllm_and_airgate_names(server: Server) -> None:
         "stream_options": {"include_usage": True},
     }
     with httpx.stream(
-        "POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=120
+        "POST",
+        f"{server.base_url}/v1/chat/completions",
+        json=body,
+        headers=server.auth(),
+        timeout=120,
     ) as r:
         assert r.status_code == 200
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
@@ -207,7 +213,10 @@ def test_metrics_expose_vllm_and_airgate_names(server: Server) -> None:
     key = 'airgate_requests_total{route="/v1/chat/completions",status="200"}'
     # The request is counted once its response is complete: maybe just after the client saw it.
     server.wait_until(lambda: scrape(server).get(key, 0) > before.get(key, 0), "request counted")
-    response = httpx.get(f"{server.base_url}/metrics", timeout=30)
+    anonymous = httpx.get(f"{server.base_url}/metrics", timeout=30)
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["code"] == "invalid_api_key"
+    response = httpx.get(f"{server.base_url}/metrics", headers=server.auth(), timeout=30)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     after = metric_samples(response.text)
@@ -252,7 +261,7 @@ def test_client_disconnect_mid_stream_frees_the_slot(server: Server) -> None:
             "POST",
             f"{server.base_url}/v1/chat/completions",
             json=body,
-            headers={"X-Request-Id": rid},
+            headers={"X-Request-Id": rid, **server.auth()},
         ) as r,
     ):
         assert r.status_code == 200

@@ -1,8 +1,9 @@
 """Bad input through the `openai` SDK and raw HTTP: the OpenAI error envelope, never a 500, and
 never the client's content — not in the error, not in the log.
 
-Every request carries a unique canary in its content and its own X-Request-Id; the last test
-reads the server log back: no canary anywhere, exactly one JSON line per request.
+Every request carries a unique canary in its content and its own X-Request-Id, and the seeded
+app key unless the case is about the key; the last test reads the server log back: no canary and
+no key anywhere, exactly one JSON line per request, naming the caller by key id.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import pytest
 from openai import OpenAI
 from server_process import MODEL, NO_END, Server
 
+from gateway.auth import generate_api_key, parse_api_key
+
 pytestmark = pytest.mark.e2e
 
 CANARIES: list[str] = []
@@ -29,8 +32,10 @@ MAX_BODY = 4 * 1024 * 1024  # server.max_request_bytes default
 ANY = object()
 SDK_ERRORS: dict[int, type[openai.APIStatusError]] = {
     400: openai.BadRequestError,
+    401: openai.AuthenticationError,
     404: openai.NotFoundError,
 }
+APP_KEY, NO_KEY, UNKNOWN_KEY = "app", "none", "unknown"  # the credential a case sends
 
 
 def canary() -> str:
@@ -65,6 +70,7 @@ class Case:
     param: object
     code: object
     message_has: tuple[str, ...]
+    key: str
 
 
 def case(
@@ -77,10 +83,11 @@ def case(
     param: object = ANY,
     code: object = ANY,
     message_has: tuple[str, ...] = (),
+    key: str = APP_KEY,
 ) -> Case:
     """A bad request; `body` builds it around a fresh canary."""
     secret = canary()
-    return Case(id, status, secret, body(secret), method, path, param, code, message_has)
+    return Case(id, status, secret, body(secret), method, path, param, code, message_has, key)
 
 
 def _malformed(s: str) -> bytes:
@@ -119,9 +126,9 @@ CASES = [
     case("negative_max_tokens", 400, lambda s: chat(s, max_tokens=-5), param="max_tokens"),
     case("absurd_max_tokens", 400, lambda s: chat(s, max_tokens=10**7), param="max_tokens"),
     case(
-        "max_tokens_past_context",
+        "max_tokens_past_context",  # within the policy's max_tokens cap (4096)
         400,
-        lambda s: chat(s, max_tokens=10**6),
+        lambda s: chat(s, max_tokens=4000),
         code=TOO_LONG,
         message_has=("2048",),
     ),
@@ -211,11 +218,22 @@ CASES = [
         code=BAD_PARAM,
         message_has=("suffix",),
     ),
+    case("missing_api_key", 401, chat, param=None, code="invalid_api_key", key=NO_KEY),
+    case("unknown_api_key", 401, chat, param=None, code="invalid_api_key", key=UNKNOWN_KEY),
+    case(
+        "unknown_api_key_on_an_unknown_route",
+        401,
+        chat,
+        path="/v1/no-such-route",
+        code="invalid_api_key",
+        key=UNKNOWN_KEY,
+    ),
 ]
 
 
 @pytest.fixture(scope="module")
 def http(server: Server) -> Iterator[httpx.Client]:
+    """Sends no key by itself: each request names its own (`credential`)."""
     with httpx.Client(base_url=server.base_url, timeout=120) as c:
         yield c
 
@@ -223,12 +241,20 @@ def http(server: Server) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def client(server: Server) -> Iterator[OpenAI]:
     with OpenAI(
-        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120
+        base_url=f"{server.base_url}/v1", api_key=server.key(), max_retries=0, timeout=120
     ) as c:
         yield c
 
 
-def sdk_call(client: OpenAI, case: Case, headers: dict[str, str]) -> Any:
+def credential(server: Server, key: str = APP_KEY) -> dict[str, str]:
+    """The Authorization header a request with `key` sends (none for NO_KEY)."""
+    if key == NO_KEY:
+        return {}
+    text = generate_api_key() if key == UNKNOWN_KEY else server.key(key)
+    return {"Authorization": f"Bearer {text}"}
+
+
+def sdk_call(client: OpenAI, case: Case, headers: dict[str, Any]) -> Any:
     """The case through the SDK: its typed `create` where the SDK has one, else its raw methods."""
     body, path = case.body, case.path.removeprefix("/v1")
     typed = {
@@ -268,9 +294,9 @@ def check_envelope(case: Case, status: int, payload: Any, text: str) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_error_envelope_over_http(http: httpx.Client, case: Case) -> None:
+def test_error_envelope_over_http(server: Server, http: httpx.Client, case: Case) -> None:
     rid = f"e2e-http-{case.id}"
-    headers = {"X-Request-Id": rid}
+    headers = {"X-Request-Id": rid, **credential(server, case.key)}
     if isinstance(case.body, bytes):
         headers["Content-Type"] = "application/json"
         response = http.request(case.method, case.path, content=case.body, headers=headers)
@@ -279,13 +305,18 @@ def test_error_envelope_over_http(http: httpx.Client, case: Case) -> None:
     SENT[rid] = (response.status_code, response.headers.get("x-request-id"))
     assert response.headers["content-type"].startswith("application/json")
     check_envelope(case, response.status_code, response.json(), response.text)
+    if case.status == 401:
+        assert response.headers["www-authenticate"] == "Bearer"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_error_envelope_through_the_sdk(client: OpenAI, case: Case) -> None:
+def test_error_envelope_through_the_sdk(server: Server, client: OpenAI, case: Case) -> None:
     rid = f"e2e-sdk-{case.id}"
+    headers: dict[str, Any] = {"X-Request-Id": rid}
+    if case.key != APP_KEY:  # the client sends the app key unless told otherwise
+        headers["Authorization"] = credential(server, case.key).get("Authorization", openai.Omit())
     with pytest.raises(openai.APIStatusError) as caught:
-        sdk_call(client, case, {"X-Request-Id": rid})
+        sdk_call(client, case, headers)
     exc = caught.value
     SENT[rid] = (exc.status_code, exc.response.headers.get("x-request-id"))
     assert exc.status_code == case.status
@@ -298,11 +329,14 @@ def test_error_envelope_through_the_sdk(client: OpenAI, case: Case) -> None:
     assert case.secret not in str(exc)
 
 
-def test_refused_stream_is_a_json_error_not_an_event_stream(http: httpx.Client) -> None:
+def test_refused_stream_is_a_json_error_not_an_event_stream(
+    server: Server, http: httpx.Client
+) -> None:
     s = canary()
     rid = "e2e-http-stream-refused"
     body = chat((s + " ") * 400, stream=True)
-    with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": rid}) as r:
+    headers = {"X-Request-Id": rid, **credential(server)}
+    with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
         text = r.read().decode()
     SENT[rid] = (r.status_code, r.headers.get("x-request-id"))
     assert r.status_code == 400
@@ -340,7 +374,9 @@ def test_log_holds_no_canary_and_one_line_per_request(
         SENT["e2e-ok-stream"] = (streamed.status_code, streamed.headers.get("x-request-id"))
         assert "".join(c.choices[0].text for c in streamed.parse() if c.choices)
     refused = http.post(
-        "/v1/chat/completions", json=chat(s, n=3), headers={"X-Request-Id": "e2e-refused"}
+        "/v1/chat/completions",
+        json=chat(s, n=3),
+        headers={"X-Request-Id": "e2e-refused", **credential(server)},
     )
     SENT["e2e-refused"] = (refused.status_code, refused.headers.get("x-request-id"))
     assert refused.status_code == 400
@@ -360,6 +396,9 @@ def test_log_holds_no_canary_and_one_line_per_request(
     log = server.log_text()
     leaked = [c for c in CANARIES if c in log]
     assert not leaked, f"{len(leaked)} of {len(CANARIES)} canaries reached the log"
+    app_key = server.key()
+    key_id, secret = parse_api_key(app_key)
+    assert app_key not in log and secret not in log
     unlogged = sorted(rid for rid in SENT if not lines_for(rid))
     assert not unlogged, f"requests with no log line: {unlogged}"
     no_header = sorted(rid for rid, (_, echoed) in SENT.items() if echoed != rid)
@@ -369,6 +408,9 @@ def test_log_holds_no_canary_and_one_line_per_request(
         (line,) = [r for r in records if r.get("request_id") == rid]
         assert line["status"] == status
         assert isinstance(line["latency_ms"], (int, float)) and line["latency_ms"] >= 0
+        # the caller, by key id; nobody for a probe or a request that was not authenticated
+        authenticated = status != 401 and line["path"] != "/health"
+        assert line.get("key_id") == (key_id if authenticated else None), line
     assert lines_for("e2e-ok-chat")[0]["completion_tokens"] == 8
     for record in records:  # every request line, including ones this module did not tag
         assert {"request_id", "status", "latency_ms", "method", "path"} <= set(record)

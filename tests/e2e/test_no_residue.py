@@ -99,7 +99,9 @@ def run(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[R
         server.wait_ready()
         open_memfds = airgate_memfds(process.pid)
         memfd_maps = airgate_maps(process.pid)
-        with OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0) as client:
+        with OpenAI(
+            base_url=f"{server.base_url}/v1", api_key=server.key(), max_retries=0
+        ) as client:
             result = client.chat.completions.create(
                 model=MODEL,
                 messages=[{"role": "user", "content": "Describe the sea."}],

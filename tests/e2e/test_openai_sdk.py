@@ -7,9 +7,12 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 from server_process import MODEL, NO_END, Server
+
+from gateway.auth import generate_api_key
 
 pytestmark = pytest.mark.e2e
 
@@ -18,13 +21,15 @@ STORY = [{"role": "user", "content": "Tell me a story about a lighthouse keeper.
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> Iterator[OpenAI]:
-    with OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0) as c:
+    with OpenAI(base_url=f"{server.base_url}/v1", api_key=server.key(), max_retries=0) as c:
         yield c
 
 
 @pytest.fixture
 async def aclient(server: Server) -> AsyncIterator[AsyncOpenAI]:
-    async with AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0) as c:
+    async with AsyncOpenAI(
+        base_url=f"{server.base_url}/v1", api_key=server.key(), max_retries=0
+    ) as c:
         yield c
 
 
@@ -179,6 +184,19 @@ def test_models_list_and_retrieve(client: OpenAI) -> None:
     assert model.id == MODEL
     assert model.object == "model"
     assert model.owned_by == "airgate"
+
+
+def test_a_wrong_key_is_an_authentication_error(server: Server) -> None:
+    with (
+        OpenAI(
+            base_url=f"{server.base_url}/v1", api_key=generate_api_key(), max_retries=0
+        ) as stranger,
+        pytest.raises(openai.AuthenticationError) as caught,
+    ):
+        stranger.models.list()
+    assert caught.value.status_code == 401
+    assert caught.value.code == "invalid_api_key"
+    assert set(caught.value.response.json()["error"]) == {"message", "type", "param", "code"}
 
 
 async def _stream_text(

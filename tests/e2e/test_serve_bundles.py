@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -21,12 +22,15 @@ from server_process import (
     NO_END,
     SERVER_ENV,
     Server,
+    add_test_keys,
     clean_env,
     free_port,
     serve_command,
     start_server,
     stop_and_check,
 )
+
+from gateway.auth import SCANNER_PATTERN
 
 pytestmark = pytest.mark.e2e
 
@@ -95,7 +99,8 @@ def toml_path(key: str, path: Path) -> str:
     return f"{key} = {json.dumps(str(path))}"
 
 
-def chat(server: Server, model: str) -> dict[str, object]:
+def chat(server: Server, model: str, key: str | None = None) -> dict[str, object]:
+    """One chat completion with `key` (default: the data dir's app key)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "Say hello."}],
@@ -103,7 +108,10 @@ def chat(server: Server, model: str) -> dict[str, object]:
         "temperature": 0,
         "logit_bias": NO_END,
     }
-    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+    headers = {"Authorization": f"Bearer {key}"} if key else server.auth()
+    response = httpx.post(
+        f"{server.base_url}/v1/chat/completions", json=body, headers=headers, timeout=120
+    )
     assert response.status_code == 200, response.text
     usage: dict[str, object] = response.json()["usage"]
     assert usage["completion_tokens"] == 4
@@ -199,6 +207,7 @@ def test_plaintext_model_is_served_with_the_flag_and_a_warning(
 ) -> None:
     config = write_config(tmp_path / "airgate.toml", toml_path("path", gguf_path))
     data_dir = tmp_path / "data"
+    add_test_keys(data_dir)
     server = spawn(
         data_dir, tmp_path / "server.log", "--config", str(config), "--insecure-plaintext-model"
     )
@@ -269,7 +278,9 @@ def test_the_untampered_bundle_loads(tmp_path: Path, sealed: Sealed) -> None:
         trusted=[sealed.signer_pub],
         key_file=sealed.key_file,
     )
-    server = spawn(tmp_path / "data", tmp_path / "server.log", "--config", str(config))
+    data_dir = tmp_path / "data"
+    add_test_keys(data_dir)
+    server = spawn(data_dir, tmp_path / "server.log", "--config", str(config))
     try:
         server.wait_ready()
         chat(server, "custom")
@@ -286,7 +297,9 @@ def test_default_model_is_sealed_on_first_run_and_reused(tmp_path: Path) -> None
     bundle = data_dir / "bundles" / f"{MODEL}.bundle"
     first = start_server(data_dir, tmp_path / "first.log")
     try:
-        chat(first, MODEL)
+        # a fresh data dir has no key but the admin key the first start prints, once
+        (admin_key,) = re.findall(SCANNER_PATTERN, first.log_text())
+        chat(first, MODEL, admin_key)
     finally:
         stop_and_check(first)
     assert any("sealing the default model" in r["msg"] for r in first.log_records())
@@ -299,10 +312,11 @@ def test_default_model_is_sealed_on_first_run_and_reused(tmp_path: Path) -> None
 
     second = start_server(data_dir, tmp_path / "second.log")
     try:
-        chat(second, MODEL)
+        chat(second, MODEL, admin_key)
     finally:
         stop_and_check(second)
     assert not any("sealing" in r["msg"] for r in second.log_records())
+    assert re.findall(SCANNER_PATTERN, second.log_text()) == []
     assert (bundle / "manifest.json").stat().st_mtime_ns == sealed_at
     assert plaintext_files(data_dir) == []
 

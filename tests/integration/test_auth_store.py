@@ -340,7 +340,21 @@ async def test_last_used_is_throttled(store: KeyStore, engine: AsyncEngine) -> N
     await store.authenticate(plaintext, NOW + timedelta(seconds=61))
     assert await last_used(record.key_id) == NOW + timedelta(seconds=61)
     assert statements.count("UPDATE") == 3
-    assert statements.count("SELECT") == 4 + 4  # one per authentication, one per get
+
+
+async def test_key_records_are_cached_and_revocation_is_immediate(
+    engine: AsyncEngine, store: KeyStore
+) -> None:
+    cached = KeyStore(engine, b"p" * 32, cache_ttl_s=3600)
+    plaintext, record = await cached.create("app", now=NOW)
+    statements = Statements(engine)
+    for _ in range(5):
+        await cached.authenticate(plaintext, NOW)
+    assert statements.count("SELECT") == 1  # one read, then the cache
+    assert await cached.revoke(record.key_id, NOW)
+    with pytest.raises(KeyRevoked):  # this store revoked it: no stale cache entry
+        await cached.authenticate(plaintext, NOW)
+    await cached.aclose()
 
 
 async def test_concurrent_authentications_write_once(store: KeyStore, engine: AsyncEngine) -> None:

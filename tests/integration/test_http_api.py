@@ -1,8 +1,14 @@
-"""The HTTP layer in-process (Litestar test client) over the echo engine and a failing engine."""
+"""The HTTP layer in-process (Litestar test client) over the echo engine and a failing engine.
+
+Every app opens its access stack on this module's own data dir, where one app key is created
+first; the client sends it on every request (one test checks what a caller without it gets).
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -14,7 +20,9 @@ from backends.echo import EchoEngine
 from backends.errors import EngineFailure
 from backends.types import EngineLoad, GenerationDelta, GenerationRequest
 from gateway.app import create_app
-from gateway.config import load_settings
+from gateway.auth import ApiKeyRecord
+from gateway.config import Settings, load_settings
+from gateway.keys import key_store
 from gateway.registry import ModelRegistry, ServedModel
 
 CANARY = "CANARY-7f3a9d-do-not-log"
@@ -44,22 +52,49 @@ class FailingEngine(EchoEngine):
         return EngineLoad(0, 0, 1, 0, 0.0)
 
 
-def make_app(**server: Any) -> Litestar:
-    settings = load_settings(
-        None, environ={}, overrides={f"server.{k}": v for k, v in server.items()}
-    )
+class NeverLoads(EchoEngine):
+    """An engine still loading: `start()` returns only when the app's shutdown cancels it."""
+
+    async def start(self) -> None:
+        await asyncio.Event().wait()
+
+
+def settings_for(data_dir: Path, **server: Any) -> Settings:
+    overrides = {"data_dir": str(data_dir), **{f"server.{k}": v for k, v in server.items()}}
+    return load_settings(None, environ={}, overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This module's data dir: audit database, API keys, audit signing key."""
+    return tmp_path_factory.mktemp("http-api-data")
+
+
+@pytest.fixture(scope="module")
+async def app_key(data_dir: Path) -> tuple[str, ApiKeyRecord]:
+    """An app key in the module's database: (the key, its record)."""
+    async with key_store(settings_for(data_dir)) as store:
+        return await store.create("app", name="test-http-api")
+
+
+def bearer(key: tuple[str, ApiKeyRecord]) -> str:
+    return f"Bearer {key[0]}"
+
+
+def make_app(data_dir: Path, **server: Any) -> Litestar:
     registry = ModelRegistry(
         [
             ServedModel("echo", EchoEngine(context_length=512), aliases=["echo-alias"]),
             ServedModel("broken", FailingEngine()),
         ]
     )
-    return create_app(settings, registry=registry)
+    return create_app(settings_for(data_dir, **server), registry=registry)
 
 
 @pytest.fixture
-def client() -> Iterator[TestClient[Litestar]]:
-    with TestClient(make_app(max_request_bytes=64 * 1024)) as c:
+def client(data_dir: Path, app_key: tuple[str, ApiKeyRecord]) -> Iterator[TestClient[Litestar]]:
+    with TestClient(make_app(data_dir, max_request_bytes=64 * 1024)) as c:
+        c.headers["Authorization"] = bearer(app_key)
         ready = c.get("/ready")
         while ready.status_code != 200:  # engines start in the background
             ready = c.get("/ready")
@@ -193,7 +228,8 @@ def test_aliases_and_models_routes(client: TestClient[Litestar]) -> None:
         (msgspec.json.encode(chat(max_tokens="ten")), 400, None, "max_tokens"),
         (msgspec.json.encode(chat(max_tokens=-1)), 400, None, "max_tokens"),
         (msgspec.json.encode(chat(max_tokens=10**9)), 400, None, "max_tokens"),
-        (msgspec.json.encode(chat(max_tokens=100_000)), 400, "context_length_exceeded", "messages"),
+        # within the policy's max_tokens cap (4096), past the echo engine's context (512)
+        (msgspec.json.encode(chat(max_tokens=1000)), 400, "context_length_exceeded", "messages"),
         (msgspec.json.encode(chat(n=2)), 400, "unsupported_parameter", "n"),
         (msgspec.json.encode(chat(tools=[])), 400, "unsupported_parameter", "tools"),
         (msgspec.json.encode(chat(temperature=5)), 400, None, "temperature"),
@@ -309,15 +345,39 @@ def test_health_ready_metrics_and_openapi(client: TestClient[Litestar]) -> None:
     assert "ChatCompletionRequest" in doc["components"]["schemas"]
 
 
-def test_ready_is_503_until_engines_are_loaded() -> None:
-    registry = ModelRegistry([ServedModel("echo", EchoEngine())])
-    app = create_app(load_settings(None, environ={}), registry=registry)
-    client = TestClient(app)  # no lifespan: nothing loads
-    assert_envelope(client.get("/ready"), 503, "service_unavailable")
-    assert_envelope(client.post("/v1/chat/completions", json=chat()), 503, "service_unavailable")
+def test_ready_is_503_until_engines_are_loaded(
+    data_dir: Path, app_key: tuple[str, ApiKeyRecord]
+) -> None:
+    registry = ModelRegistry([ServedModel("echo", NeverLoads())])
+    with TestClient(create_app(settings_for(data_dir), registry=registry)) as client:
+        client.headers["Authorization"] = bearer(app_key)
+        assert_envelope(client.get("/ready"), 503, "service_unavailable")
+        assert_envelope(
+            client.post("/v1/chat/completions", json=chat()), 503, "service_unavailable"
+        )
 
 
-def test_no_content_in_logs(client: TestClient[Litestar], caplog: pytest.LogCaptureFixture) -> None:
+def test_requests_without_a_valid_key_are_401(client: TestClient[Litestar]) -> None:
+    key = client.headers.pop("Authorization")
+    for resp in (
+        client.post("/v1/chat/completions", json=chat()),
+        client.get("/v1/models"),
+        client.get("/metrics"),
+        client.get("/v1/nothing"),  # unrouted paths reveal nothing to anonymous callers
+        client.get("/v1/models", headers={"Authorization": key + "x"}),
+        client.get("/v1/models", headers={"Authorization": "Basic dXNlcjpwYXNz"}),
+    ):
+        assert_envelope(resp, 401, "invalid_api_key")
+        assert resp.headers["www-authenticate"] == "Bearer"
+    for public in ("/health", "/ready", "/openapi.json"):
+        assert client.get(public).status_code == 200, public
+
+
+def test_no_content_in_logs(
+    client: TestClient[Litestar],
+    app_key: tuple[str, ApiKeyRecord],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level("DEBUG")
     client.post("/v1/chat/completions", json=chat(stop=[CANARY]))
     client.post("/v1/chat/completions", json=chat(model="broken", stream=True))
@@ -326,8 +386,12 @@ def test_no_content_in_logs(client: TestClient[Litestar], caplog: pytest.LogCapt
     client.post("/v1/completions", json={"model": "echo", "prompt": CANARY, "echo": True})
     lines = [r for r in caplog.records if r.name == "airgate.request"]
     assert len(lines) == 5
-    assert all(
-        CANARY not in r.getMessage() and CANARY not in str(getattr(r, "fields", ""))
-        for r in caplog.records
-    )
-    assert all(CANARY not in (r.exc_text or "") for r in caplog.records)
+    # the caller is named by its key id; the key itself reaches no log record
+    key, record = app_key
+    assert all(getattr(r, "fields", {}).get("key_id") == record.key_id for r in lines)
+    for secret in (CANARY, key):
+        assert all(
+            secret not in r.getMessage() and secret not in str(getattr(r, "fields", ""))
+            for r in caplog.records
+        )
+        assert all(secret not in (r.exc_text or "") for r in caplog.records)

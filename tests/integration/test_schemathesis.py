@@ -1,12 +1,22 @@
-"""Property-based API testing: schemathesis generates requests from our served OpenAPI document
-and checks every operation in-process: no 5xx, every response conforming to the schema."""
+"""Property-based API testing: schemathesis generates requests from our OpenAPI document and
+checks every operation in-process: no 5xx, every response conforming to the schema.
+
+The cases are generated at collection from the document the app serves (`openapi_document`; the
+`app` fixture checks that it is the one served) and sent to an app on this module's own data dir
+with one app key on every request, under a policy that keeps the shipped default's caps but
+raises its rates: a few hundred generated requests in seconds would otherwise be answered 429
+and test only the rate limiter.
+"""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from litestar import Litestar
+from litestar.testing import TestClient
 from schemathesis.checks import (
     content_type_conformance,
     negative_data_rejection,
@@ -18,24 +28,72 @@ from schemathesis.checks import (
 
 from backends.echo import EchoEngine
 from gateway.app import create_app
-from gateway.config import load_settings
+from gateway.config import Settings, load_settings
+from gateway.keys import key_store
+from gateway.openai.schema import openapi_document
 from gateway.registry import ModelRegistry, ServedModel
 
-_engine = EchoEngine(context_length=4096)
-asyncio.run(_engine.start())  # the app's lifespan does not run under the ASGI transport
-_registry = ModelRegistry([ServedModel("echo", _engine)])
-_registry.ready = True
-app = create_app(load_settings(None, environ={}), registry=_registry)
+DOCUMENT = openapi_document("0")
 
-schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+POLICY = """
+name = "schemathesis"
+description = "The shipped default's caps; rates high enough for generated load."
+
+[[rules]]
+name = "inference"
+roles = ["app"]
+models = ["*"]
+max_tokens = 4096
+max_n = 1
+max_prompt_bytes = 1048576
+requests_per_minute = 600000
+tokens_per_minute = 1000000000
+concurrent_streams = 16
+"""
+
+
+@pytest.fixture(scope="module")
+def api_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    data_dir = tmp_path_factory.mktemp("schemathesis-data")
+    policy = data_dir / "policy.toml"
+    policy.write_text(POLICY)
+    return load_settings(
+        None, environ={}, overrides={"data_dir": str(data_dir), "policy.path": str(policy)}
+    )
+
+
+@pytest.fixture(scope="module")
+async def api_key(api_settings: Settings) -> str:
+    async with key_store(api_settings) as store:
+        key, _ = await store.create("app", name="test-schemathesis")
+    return key
+
+
+@pytest.fixture(scope="module")
+def app(api_settings: Settings) -> Litestar:
+    engine = EchoEngine(context_length=4096)
+    # Started and marked ready up front: the app's lifespan (run by schemathesis's ASGI client)
+    # loads engines in the background, and an early request would meet a 503.
+    asyncio.run(engine.start())
+    registry = ModelRegistry([ServedModel("echo", engine)])
+    registry.ready = True
+    app = create_app(api_settings, registry=registry)
+    served = TestClient(app).get("/openapi.json").json()  # public: no lifespan needed
+    assert {**served, "info": None} == {**DOCUMENT, "info": None}
+    return app
+
+
+schema = schemathesis.openapi.from_dict(DOCUMENT)
 
 
 @schema.parametrize()
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-def test_api_conforms_to_its_schema(case: schemathesis.Case) -> None:
+def test_api_conforms_to_its_schema(case: schemathesis.Case, app: Litestar, api_key: str) -> None:
     # Not `positive_data_acceptance`: a schema-valid body can still be refused for reasons a JSON
     # schema cannot state (n > 1, a prompt longer than the context, unknown model ids).
     case.call_and_validate(
+        app=app,
+        headers={"Authorization": f"Bearer {api_key}"},
         checks=[
             not_a_server_error,
             status_code_conformance,
@@ -43,5 +101,5 @@ def test_api_conforms_to_its_schema(case: schemathesis.Case) -> None:
             response_schema_conformance,
             response_headers_conformance,
             negative_data_rejection,
-        ]
+        ],
     )
