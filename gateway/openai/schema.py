@@ -17,11 +17,13 @@ from . import types as t
 __all__ = ["openapi_document"]
 
 _ERRORS = {
-    "400": "Invalid request",
+    "400": "Invalid request (or over a policy cap: max_tokens, n)",
+    "401": "No valid API key, JWT or client certificate",
+    "403": "Denied by policy (model, engine class) or role",
     "404": "Unknown model or route",
     "413": "Body too large",
-    "429": "Engine at capacity (see Retry-After)",
-    "503": "Not ready or unavailable",
+    "429": "Rate limited or engine at capacity (see Retry-After, x-ratelimit-*)",
+    "503": "Not ready, or the audit log or limits are unavailable",
 }
 
 
@@ -58,7 +60,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                         "description": "The result, or an SSE stream when stream=true",
                         "content": {**_json(resp), **sse},
                     },
-                    **_errors("400", "404", "413", "429", "503"),
+                    **_errors("400", "401", "403", "404", "413", "429", "503"),
                 },
             }
         }
@@ -81,7 +83,10 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/v1/models": {
                 "get": {
                     "summary": "List models",
-                    "responses": {"200": {"description": "Models", "content": _json("ModelList")}},
+                    "responses": {
+                        "200": {"description": "Models", "content": _json("ModelList")},
+                        **_errors("401"),
+                    },
                 }
             },
             "/v1/models/{model}": {
@@ -97,19 +102,21 @@ def openapi_document(version: str) -> dict[str, Any]:
                     ],
                     "responses": {
                         "200": {"description": "The model", "content": _json("Model")},
-                        **_errors("404"),
+                        **_errors("401", "404"),
                     },
                 }
             },
             "/health": {
                 "get": {
                     "summary": "Liveness",
+                    "security": [],
                     "responses": {"200": {"description": "Alive", "content": plain}},
                 }
             },
             "/ready": {
                 "get": {
                     "summary": "Readiness",
+                    "security": [],
                     "responses": {
                         "200": {"description": "Ready", "content": plain},
                         **_errors("503"),
@@ -123,10 +130,23 @@ def openapi_document(version: str) -> dict[str, Any]:
                         "200": {
                             "description": "Metrics",
                             "content": {"text/plain": {"schema": {"type": "string"}}},
-                        }
+                        },
+                        **_errors("401"),
                     },
                 }
             },
         },
-        "components": {"schemas": components},
+        # every route needs an API key (or a JWT) unless it says `security: []`
+        "security": [{"bearer": []}],
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An airgate API key (ag_...) or a JWT from the configured "
+                    "issuer",
+                }
+            },
+        },
     }
