@@ -65,8 +65,19 @@ def _run(coro: Callable[[], Awaitable[T]]) -> T:
         raise _fail(f"the database cannot be reached ({type(exc).__name__})") from None
 
 
-def _url(settings: Settings) -> str:
+def _url(settings: Settings, database: str | None = None) -> str:
+    """`--database` (a SQLite file or a database URL), else the configured/data-dir one."""
+    if database:
+        if "://" not in database:
+            return f"sqlite+aiosqlite:///{Path(database).resolve()}"
+        return database_url(settings.data_dir, database)
     return database_url(settings.data_dir, settings.audit.database_url)
+
+
+DatabaseOpt = Annotated[
+    str | None,
+    typer.Option("--database", help="An audit database file or URL (default: the data dir's)."),
+]
 
 
 # --- keys ---------------------------------------------------------------------------------
@@ -247,6 +258,7 @@ def audit_search(
     kind: KindOpt = None,
     outcome: OutcomeOpt = None,
     limit: Annotated[int, typer.Option(help="At most this many events.")] = 100,
+    database: DatabaseOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -255,7 +267,7 @@ def audit_search(
     flt = _filter(start, end, key_id, team, model, kind, outcome)
 
     async def run() -> list[Any]:
-        engine = create_db_engine(_url(settings))
+        engine = create_db_engine(_url(settings, database))
         try:
             found: list[Any] = []
             cursor = None
@@ -288,6 +300,7 @@ def audit_export(
     model: ModelOpt = None,
     kind: KindOpt = None,
     outcome: OutcomeOpt = None,
+    database: DatabaseOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -299,7 +312,7 @@ def audit_export(
     flt = _filter(start, end, key_id, team, model, kind, outcome)
 
     async def run() -> int:
-        engine = create_db_engine(_url(settings))
+        engine = create_db_engine(_url(settings, database))
         sink = output.open("wb") if output else sys.stdout.buffer
         written = 0
         try:
@@ -326,6 +339,7 @@ def audit_verify(
     trusted_key: Annotated[
         list[str] | None, typer.Option(help="Checkpoint key (ed25519:... or .pub; repeat).")
     ] = None,
+    database: DatabaseOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -337,10 +351,16 @@ def audit_verify(
     own = audit_key_file(settings).with_name("audit-signing.key.pub")
     if own.exists():
         entries.append(str(own))
+    if not entries:
+        raise _fail(
+            "no checkpoint key to trust: pass --trusted-key <data_dir>/keys/audit-signing.key.pub "
+            "(or --data-dir of the server that wrote the log)",
+            2,
+        )
     keys = TrustedKeys.from_texts_or_files(entries).keys()
 
     async def run() -> Any:
-        engine = create_db_engine(_url(settings))
+        engine = create_db_engine(_url(settings, database))
         try:
             return await verify(engine, keys, first_seq=first_seq, last_seq=last_seq)
         finally:
@@ -373,4 +393,3 @@ def db_upgrade(
         return await current_revision(url)
 
     _out.print(f"database at revision {_run(run)} (head {head_revision()})", markup=False)
-

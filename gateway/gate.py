@@ -77,6 +77,8 @@ class Admitted:
 
     def _event(self, kind: Any, outcome: Any, info: RequestInfo, **fields: Any) -> AuditEvent:
         ttft = None if info.ttft_s is None else round(info.ttft_s * 1000, 3)
+        if self.decision.audit_level == "minimal":
+            fields.pop("response_bytes", None)
         return AuditEvent(
             event_id=new_event_id(),
             ts=datetime.now(UTC),
@@ -183,6 +185,9 @@ async def admit(
         "policy_version": policy.version,
         "decision": decision.code,
     }
+    if decision.audit_level == "minimal":  # the policy asks for who, what and the outcome only
+        for detail in ("sampling", "request_bytes"):
+            base.pop(detail)
     now = datetime.now(UTC)
     if not decision.allowed:
         error: GatewayError
