@@ -33,6 +33,7 @@ from .signing import (
     create_signing_key,
     key_id,
     load_signing_key,
+    parse_public_key,
     public_key_text,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "key_id",
     "load_signing_key",
     "open_bundle",
+    "parse_public_key",
     "parse_recipient",
     "public_key_text",
     "read_manifest",

@@ -28,6 +28,7 @@ __all__ = [
     "create_signing_key",
     "key_id",
     "load_signing_key",
+    "parse_public_key",
     "public_key_text",
     "sign_manifest",
     "signature_key_id",
