@@ -39,6 +39,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ._sqlite_batch import SqliteBatchWriter
 from .chain import GENESIS, link
 from .checkpoint import Checkpoint, checkpoint_from_row, make_checkpoint
 from .errors import AuditCorrupt, AuditRejected, AuditUnavailable
@@ -101,6 +102,7 @@ class AuditWriter:
         self._closing = False
         self._head: _Head | None = None
         self._pending_since: float | None = None  # loop time the oldest unchecked row committed
+        self._sqlite: SqliteBatchWriter | None = None  # SQLite: batches in one thread hop
         self.stats = WriterStats()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -112,6 +114,7 @@ class AuditWriter:
             raise RuntimeError("the audit writer is already running")
         self._closing = False
         self._head = await self._load_head()
+        self._sqlite = await _sqlite_batch_writer(self._engine)
         if self._head.pending:
             self._pending_since = asyncio.get_running_loop().time()
         self._task = asyncio.create_task(self._run(), name="audit-writer")
@@ -129,6 +132,9 @@ class AuditWriter:
         finally:
             self._task = None
             self._fail_queued()
+            if self._sqlite is not None:
+                await self._sqlite.close()
+                self._sqlite = None
 
     async def __aenter__(self) -> AuditWriter:
         await self.start()
@@ -236,12 +242,14 @@ class AuditWriter:
                 head = self._head or await self._load_head()
                 self._head = head
                 rows, checkpoints, new_head = self._extend(head, [event for event, _ in batch])
-                async with self._engine.begin() as conn:
-                    await conn.execute(insert(audit_events), rows)
-                    if checkpoints:
-                        await conn.execute(
-                            insert(audit_checkpoints), [msgspec.to_builtins(c) for c in checkpoints]
-                        )
+                cp_rows = [msgspec.to_builtins(c) for c in checkpoints]
+                if self._sqlite is not None:
+                    await self._sqlite.write(rows, cp_rows)
+                else:
+                    async with self._engine.begin() as conn:
+                        await conn.execute(insert(audit_events), rows)
+                        if cp_rows:
+                            await conn.execute(insert(audit_checkpoints), cp_rows)
             except IntegrityError:
                 # another writer took these seq numbers, or an event_id is already stored
                 self._head = None
@@ -399,6 +407,16 @@ class AuditWriter:
                 f"the last checkpoint covers seq {after} but the last row is {seq}; run verify"
             )
         return _Head(seq=seq, row_hash=row_hash, checkpoint=checkpoint, pending=pending_hashes)
+
+
+async def _sqlite_batch_writer(engine: AsyncEngine) -> SqliteBatchWriter | None:
+    """A one-hop batch writer for a file SQLite database, with the engine's `synchronous`."""
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        return None
+    async with engine.connect() as conn:
+        synchronous = (await conn.exec_driver_sql("PRAGMA synchronous")).scalar()
+    return SqliteBatchWriter(database, int(synchronous if synchronous is not None else 2))
 
 
 def _settle(future: asyncio.Future[int] | None, outcome: int | BaseException) -> None:

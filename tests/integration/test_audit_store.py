@@ -214,7 +214,8 @@ async def test_group_commit_takes_everything_queued(engine: AsyncEngine) -> None
         assert sorted(seqs) == list(range(1, 201))
         assert stats.appended == 200 and stats.max_batch == 50
         assert stats.batches == 4  # all 200 were queued before the first commit ran
-        assert commits == 4
+        # SQLite batches commit on the writer's own connection (one thread hop per batch)
+        assert commits == (0 if engine.dialect.name == "sqlite" else 4)
     assert stats.checkpoints == 1  # the tail, at stop
     assert (await verify(engine, TRUSTED)).ok
 
