@@ -12,13 +12,14 @@ import contextlib
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from litestar import Request
 
 from backends.types import GenerationDelta, GenerationHandle, GenerationRequest, SamplingParams
 
+from ..auth import Principal
 from ..errors import (
     GatewayError,
     InternalError,
@@ -27,10 +28,11 @@ from ..errors import (
     error_body,
     translate_engine_errors,
 )
-from ..gate import Admitted
+from ..gate import Admitted, admit
 from ..metrics import Metrics
 from ..registry import ServedModel
 from ..reqlog import RequestInfo
+from ..security import Security
 
 __all__ = [
     "SSE_DONE",
@@ -119,6 +121,52 @@ def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
 
 class Run:
     """The engine side of one HTTP request: one handle per choice."""
+
+    @classmethod
+    async def begin(
+        cls,
+        request: Request[Any, Any, Any],
+        body: Any,
+        raw: bytes,
+        requests: Sequence[GenerationRequest],
+        *,
+        model: ServedModel,
+        info: RequestInfo,
+        metrics: Metrics,
+        security: Security,
+        principal: Principal,
+        action: Literal["chat.completions", "completions"],
+        prompt_param: str,
+    ) -> Run:
+        """Admit the request (policy, limits, audit), then submit it to the engine.
+
+        A request without max_tokens gets the policy's cap as its default."""
+        info.model, info.stream = model.id, body.stream
+        asked = requests[0].max_tokens if requests else None
+        admitted = await admit(
+            security,
+            principal,
+            info,
+            action=action,
+            route=request.url.path,
+            model=model.id,
+            engine=model.engine.name,
+            max_tokens=asked,
+            n=body.n,
+            sequences=len(requests),
+            prompt_bytes=len(raw),
+            stream=body.stream,
+            sampling=audit_sampling(body),
+        )
+        cap = admitted.effective_max_tokens
+        if cap is not None:
+            requests = [
+                r if r.max_tokens is not None else msgspec.structs.replace(r, max_tokens=cap)
+                for r in requests
+            ]
+        run = cls(model, info, metrics, prompt_param=prompt_param, admitted=admitted)
+        await run.submit(requests)
+        return run
 
     def __init__(
         self,

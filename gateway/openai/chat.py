@@ -15,7 +15,6 @@ from backends.types import ChatMessage, GenerationDelta, GenerationRequest, Toke
 
 from ..auth import Principal
 from ..errors import InvalidRequest, UnsupportedParameter
-from ..gate import admit
 from ..metrics import Metrics
 from ..registry import ModelRegistry
 from ..reqlog import request_info
@@ -26,7 +25,6 @@ from ._pipeline import (
     SSE_DONE,
     SSE_HEADERS,
     Run,
-    audit_sampling,
     finish_reason,
     sampling_params,
     sse,
@@ -116,29 +114,21 @@ async def chat_completions(
     raw = await request.body()
     body = decode(_decoder, raw)
     model = models.resolve(body.model)
-    info.model, info.stream = model.id, body.stream
     asked = body.max_completion_tokens or body.max_tokens
-    engine_request = _to_engine(body, info.request_id, asked)
-    admitted = await admit(
-        security,
-        principal,
-        info,
+    run = await Run.begin(
+        request,
+        body,
+        raw,
+        [_to_engine(body, info.request_id, asked)],
+        model=model,
+        info=info,
+        metrics=metrics,
+        security=security,
+        principal=principal,
         action="chat.completions",
-        route=request.url.path,
-        model=model.id,
-        engine=model.engine.name,
-        max_tokens=engine_request.max_tokens,
-        n=body.n,
-        prompt_bytes=len(raw),
-        stream=body.stream,
-        sampling=audit_sampling(body),
+        prompt_param="messages",
     )
-    if engine_request.max_tokens is None and admitted.effective_max_tokens is not None:
-        engine_request = msgspec.structs.replace(
-            engine_request, max_tokens=admitted.effective_max_tokens
-        )
-    run = Run(model, info, metrics, prompt_param="messages", admitted=admitted)
-    await run.submit([engine_request])
+    admitted = run.admitted
     response_id = f"chatcmpl-{info.request_id}"
     created = int(time.time())
     want_logprobs = body.logprobs

@@ -15,7 +15,6 @@ from backends.types import GenerationRequest, TokenLogprob
 
 from ..auth import Principal
 from ..errors import InvalidRequest
-from ..gate import admit
 from ..metrics import Metrics
 from ..registry import ModelRegistry
 from ..reqlog import request_info
@@ -26,7 +25,6 @@ from ._pipeline import (
     SSE_DONE,
     SSE_HEADERS,
     Run,
-    audit_sampling,
     finish_reason,
     sampling_params,
     sse,
@@ -117,25 +115,20 @@ async def completions(
     raw = await request.body()
     body = decode(_decoder, raw)
     model = models.resolve(body.model)
-    info.model, info.stream = model.id, body.stream
-    engine_requests = _to_engine(body, info.request_id, body.max_tokens)
-    admitted = await admit(
-        security,
-        principal,
-        info,
+    run = await Run.begin(
+        request,
+        body,
+        raw,
+        _to_engine(body, info.request_id, body.max_tokens),
+        model=model,
+        info=info,
+        metrics=metrics,
+        security=security,
+        principal=principal,
         action="completions",
-        route=request.url.path,
-        model=model.id,
-        engine=model.engine.name,
-        max_tokens=body.max_tokens,
-        n=body.n,
-        sequences=len(engine_requests),
-        prompt_bytes=len(raw),
-        stream=body.stream,
-        sampling=audit_sampling(body),
+        prompt_param="prompt",
     )
-    run = Run(model, info, metrics, prompt_param="prompt", admitted=admitted)
-    await run.submit(engine_requests)
+    admitted = run.admitted
     response_id = f"cmpl-{info.request_id}"
     created = int(time.time())
     if body.stream:
