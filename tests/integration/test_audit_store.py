@@ -7,20 +7,18 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-import secrets
 import socket
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import msgspec
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from databases import PG_HOST, PG_PORT, fresh_database
 from sqlalchemy import event as sa_event
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import DBAPIError
@@ -56,31 +54,9 @@ from gateway.db.migrate import (
     upgrade,
 )
 
-PG_HOST, PG_PORT = "127.0.0.1", 5432
 KEY = Ed25519PrivateKey.generate()
 TRUSTED = [KEY.public_key()]
 T0 = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
-
-
-@asynccontextmanager
-async def fresh_database(kind: str, tmp_path: Path) -> AsyncIterator[str]:
-    """The URL of an empty database of `kind`, dropped afterwards."""
-    if kind == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'audit.db'}"
-        return
-    try:
-        admin = await asyncpg.connect(host=PG_HOST, port=PG_PORT, user="postgres")
-    except (OSError, asyncpg.PostgresError) as exc:
-        pytest.fail(
-            f"PostgreSQL must run on {PG_HOST}:{PG_PORT} (trust auth) for these tests: {exc}"
-        )
-    name = f"airgate_test_{secrets.token_hex(6)}"
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield f"postgresql+asyncpg://postgres@{PG_HOST}:{PG_PORT}/{name}"
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -12,17 +12,15 @@ row-level finding is among `problems`; in the unchecked tail the chain alone nam
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from databases import fresh_database
 from sqlalchemy import delete, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -43,31 +41,10 @@ from gateway.audit.schema import audit_checkpoints, audit_events
 from gateway.db import create_db_engine
 from gateway.db.migrate import upgrade
 
-PG_HOST, PG_PORT = "127.0.0.1", 5432
 KEY = Ed25519PrivateKey.generate()
 ATTACKER = Ed25519PrivateKey.generate()
 TRUSTED = [KEY.public_key()]
 T0 = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
-
-
-@asynccontextmanager
-async def fresh_database(kind: str, tmp_path: Path) -> AsyncIterator[str]:
-    if kind == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'audit.db'}"
-        return
-    try:
-        admin = await asyncpg.connect(host=PG_HOST, port=PG_PORT, user="postgres")
-    except (OSError, asyncpg.PostgresError) as exc:
-        pytest.fail(
-            f"PostgreSQL must run on {PG_HOST}:{PG_PORT} (trust auth) for these tests: {exc}"
-        )
-    name = f"airgate_test_{secrets.token_hex(6)}"
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield f"postgresql+asyncpg://postgres@{PG_HOST}:{PG_PORT}/{name}"
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 def make_event(i: int, **changes: Any) -> AuditEvent:

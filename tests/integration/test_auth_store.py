@@ -4,21 +4,19 @@ database per test, created and dropped here), plus the `20261129_02_api_keys` mi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
-import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import msgspec
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from databases import postgres_database
 from sqlalchemy import MetaData, event, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
@@ -44,7 +42,6 @@ from gateway.auth.schema import api_keys
 from gateway.db import create_db_engine, metadata
 from gateway.db.migrate import upgrade
 
-PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 PEPPER = bytes(range(32))
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -52,40 +49,12 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 # ---- databases ------------------------------------------------------------------------------
 
 
-async def _pg_admin() -> asyncpg.Connection:
-    try:
-        return await asyncpg.connect(database="postgres", **PG)
-    except (OSError, asyncpg.PostgresError) as exc:
-        pytest.fail(
-            f"PostgreSQL is needed on {PG['host']}:{PG['port']} (user {PG['user']}, trust auth) "
-            f"for these tests and did not answer: {type(exc).__name__}: {exc}"
-        )
-
-
-@contextlib.asynccontextmanager
-async def _postgres_database() -> AsyncIterator[str]:
-    name = f"airgate_auth_{secrets.token_hex(6)}"
-    admin = await _pg_admin()
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    try:
-        yield f"postgresql+asyncpg://{PG['user']}@{PG['host']}:{PG['port']}/{name}"
-    finally:
-        admin = await _pg_admin()
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'airgate.db'}"
     else:
-        async with _postgres_database() as url:
+        async with postgres_database("airgate_auth") as url:
             yield url
 
 
@@ -472,9 +441,7 @@ async def test_migration_creates_the_table_the_store_uses(db_url: str) -> None:
         plaintext, record = await keys.create("admin", team="platform", now=NOW)
         assert (await keys.authenticate(plaintext, NOW)).roles == frozenset({"admin"})
         await keys.aclose()
-        assert await keys.list() == [
-            msgspec.structs.replace(record, last_used_at=NOW)
-        ]
+        assert await keys.list() == [msgspec.structs.replace(record, last_used_at=NOW)]
         async with engine.begin() as conn:
             with pytest.raises(IntegrityError, match=r"(?i)check"):
                 await conn.execute(
