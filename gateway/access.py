@@ -12,11 +12,12 @@ from typing import Any, Literal
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
-from .audit import AuditEvent, AuditUnavailable, new_event_id
+from .audit import AuditEvent, new_event_id
 from .auth import Principal
-from .errors import PermissionDenied, ServiceUnavailable, Unauthenticated
+from .errors import PermissionDenied, Unauthenticated
 from .gate import audit_principal
-from .identity import audit_route, principal_of
+from .identity import principal_of
+from .reqlog import route_of
 from .security import Security
 
 __all__ = ["record_access", "requires"]
@@ -35,7 +36,7 @@ async def record_access(
     status: int,
     detail: dict[str, str | int] | None = None,
 ) -> None:
-    """Audit one admin or compliance access (durable in strict mode; 503 if it cannot be)."""
+    """Audit one admin or compliance access (see `Security.record`)."""
     info = scope.get("state", {}).get("airgate")
     event = AuditEvent(
         event_id=new_event_id(),
@@ -45,17 +46,11 @@ async def record_access(
         request_id=info.request_id if info else None,
         principal=audit_principal(principal) if principal else None,
         action=action,
-        route=audit_route(scope.get("path", "")),
+        route=route_of(scope.get("path", "")),
         http_status=status,
         detail=detail or {},
     )
-    try:
-        if security.strict:
-            await security.audit.append(event)
-        else:
-            security.audit.append_nowait(event)
-    except AuditUnavailable:
-        raise ServiceUnavailable("the audit log is unavailable") from None
+    await security.record(event)
 
 
 def requires(kind: Kind, *roles: str) -> Any:

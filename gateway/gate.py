@@ -21,7 +21,7 @@ from typing import Any, Literal
 import policies
 from policies import Decision, RequestFacts, decide
 
-from .audit import AuditEvent, AuditPrincipal, AuditUnavailable, new_event_id
+from .audit import AuditEvent, AuditPrincipal, new_event_id
 from .auth import Principal
 from .errors import (
     GatewayError,
@@ -31,9 +31,8 @@ from .errors import (
     RequestTooLarge,
     ServiceUnavailable,
 )
-from .identity import audit_route
 from .limits import Admission, LimiterUnavailable, TokensExceedLimit
-from .reqlog import RequestInfo
+from .reqlog import RequestInfo, route_of
 from .security import Security
 
 __all__ = ["Admitted", "admit"]
@@ -100,7 +99,7 @@ class Admitted:
             "inference.completed", "success", info, http_status=200, response_bytes=response_bytes
         )
         self._done = True
-        await _record(self._security, event)
+        await self._security.record(event)
 
     async def close(self, info: RequestInfo, *, error: BaseException | None = None) -> None:
         """Always called once the request is over: a failure or cancellation event if it did
@@ -130,20 +129,6 @@ class Admitted:
 
 def _code(text: str | None) -> str | None:
     return text if text and text.replace("_", "").isalnum() and text.islower() else None
-
-
-async def _record(security: Security, event: AuditEvent) -> None:
-    try:
-        if security.strict:
-            await security.audit.append(event)
-        else:
-            security.audit.append_nowait(event)
-    except AuditUnavailable:
-        _log.error("audit log unavailable: refusing the request (strict mode)")
-        raise ServiceUnavailable(
-            "the audit log is unavailable; no request is served unaudited",
-            headers={"Retry-After": "5"},
-        ) from None
 
 
 async def admit(
@@ -179,7 +164,7 @@ async def admit(
         "principal": audit_principal(principal),
         "action": action,
         "model": model,
-        "route": audit_route(route),
+        "route": route_of(route),
         "sampling": sampling,
         "request_bytes": prompt_bytes,
         "policy_version": policy.version,
@@ -196,8 +181,7 @@ async def admit(
             error = error_type(decision.message, param=param)
         else:
             error = PolicyDenied(decision.message, decision_code=decision.code)
-        await _record(
-            security,
+        await security.record(
             AuditEvent(
                 event_id=new_event_id(),
                 ts=now,
@@ -238,8 +222,7 @@ async def admit(
         raise limited
     admitted = Admitted(security, base, decision, admission)
     try:
-        await _record(
-            security,
+        await security.record(
             AuditEvent(
                 event_id=new_event_id(),
                 ts=now,
@@ -258,9 +241,7 @@ async def admit(
 async def _deny_rate(
     security: Security, base: dict[str, Any], now: datetime, error: GatewayError
 ) -> None:
-    await _record(
-        security,
-        AuditEvent(
+    await security.record(AuditEvent(
             event_id=new_event_id(),
             ts=now,
             kind="rate.limited",

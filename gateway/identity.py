@@ -22,16 +22,14 @@ from litestar.types import (
     Send,
 )
 
-from .audit import AuditEvent, AuditPrincipal, AuditUnavailable, new_event_id
+from .audit import AuditEvent, AuditPrincipal, new_event_id
 from .auth import AuthenticationFailed, KeyStoreUnavailable, Principal, principal_from_client_cert
 from .errors import GatewayError, ServiceUnavailable, Unauthenticated, error_body
 from .reqlog import request_info, route_of
 from .security import Security
 from .tls import client_cert_pem
 
-__all__ = ["PUBLIC_PATHS", "AuthMiddleware", "SecurityHolder", "audit_route", "principal_of"]
-
-audit_route = route_of  # the audit log records route templates, never raw paths
+__all__ = ["PUBLIC_PATHS", "AuthMiddleware", "SecurityHolder", "principal_of"]
 
 _log = logging.getLogger("airgate.auth")
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
@@ -130,12 +128,9 @@ class AuthMiddleware:
             error_class=_code(reason),
         )
         try:
-            if self.security.strict:
-                await self.security.audit.append(event)
-            else:
-                self.security.audit.append_nowait(event)
-        except AuditUnavailable:
-            await _send_error(scope, send, ServiceUnavailable("the audit log is unavailable"))
+            await self.security.record(event)
+        except ServiceUnavailable as exc:  # a refusal it cannot audit is not answered as one
+            await _send_error(scope, send, exc)
             return
         _log.info("authentication failed: %s", _code(reason))
         err = Unauthenticated("authentication failed: send a valid API key as a bearer token")

@@ -25,11 +25,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bundles import create_signing_key, load_signing_key
 from policies import PolicyError, PolicySet, load_default_policy, load_policy_dir
 
-from .audit import AuditWriter
+from .audit import AuditEvent, AuditUnavailable, AuditWriter
 from .auth import JwtVerifier, KeyStore, SubjectMap, default_pepper_path, load_or_create_pepper
 from .config import Settings
 from .db import create_db_engine, database_url
 from .db.migrate import ensure_schema
+from .errors import ServiceUnavailable
 from .limits import FailoverLimiter, Limiter, LocalLimiter, RedisLimiter
 
 __all__ = ["PolicyHolder", "Security", "audit_key_file", "open_security"]
@@ -89,6 +90,21 @@ class Security:
     @property
     def strict(self) -> bool:
         return self.settings.audit.strict
+
+    async def record(self, event: AuditEvent) -> None:
+        """Audit `event`: durable when this returns in strict mode (else queued).  Raises
+        ServiceUnavailable when strict mode cannot record it: nothing is answered unaudited."""
+        if not self.strict:
+            self.audit.append_nowait(event)
+            return
+        try:
+            await self.audit.append(event)
+        except AuditUnavailable:
+            _log.error("audit log unavailable: refusing the request (strict mode)")
+            raise ServiceUnavailable(
+                "the audit log is unavailable; no request is served unaudited",
+                headers={"Retry-After": "5"},
+            ) from None
 
 
 def _limiter(settings: Settings) -> tuple[Limiter, Any]:
