@@ -18,14 +18,14 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from policies import PolicyError, lint, load_default_policy, load_policy_dir
 
 from .audit import AuditFilter, export, search, verify
-from .config import ConfigError, Settings, load_settings
+from .cli_common import ConfigOpt, DataDirOpt, err, fail, load_cli_settings, out
+from .config import Settings
 from .db import create_db_engine, database_url
 from .db.migrate import current_revision, head_revision, offline_sql, upgrade
 from .keys import key_store
@@ -38,31 +38,15 @@ policy_app = typer.Typer(help="Policy documents: check, reload.", no_args_is_hel
 audit_app = typer.Typer(help="The audit log: search, export, verify.", no_args_is_help=True)
 db_app = typer.Typer(help="The audit/keys database schema.", no_args_is_help=True)
 
-_out = Console()
-_err = Console(stderr=True)
 T = TypeVar("T")
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="airgate.toml.")]
-DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Data directory.")]
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    _err.print(f"[bold red]airgate:[/] {escape(message)}", highlight=False)
-    return typer.Exit(code)
-
-
-def _settings(config: Path | None, data_dir: Path | None) -> Settings:
-    try:
-        return load_settings(config, overrides={"data_dir": str(data_dir) if data_dir else None})
-    except ConfigError as exc:
-        raise _fail(f"configuration error: {exc}", 2) from None
 
 
 def _run(coro: Callable[[], Awaitable[T]]) -> T:
     try:
         return asyncio.run(coro())  # type: ignore[arg-type]
     except (OSError, ConnectionError) as exc:
-        raise _fail(f"the database cannot be reached ({type(exc).__name__})") from None
+        raise fail(f"the database cannot be reached ({type(exc).__name__})") from None
 
 
 def _url(settings: Settings, database: str | None = None) -> str:
@@ -94,8 +78,8 @@ def keys_create(
 ) -> None:
     """Create an API key and print it (this once: only an HMAC of its secret is kept)."""
     if role not in ("app", "auditor", "admin"):
-        raise _fail("--role must be app, auditor or admin", 2)
-    settings = _settings(config, data_dir)
+        raise fail("--role must be app, auditor or admin", 2)
+    settings = load_cli_settings(config, data_dir)
     expires = datetime.now(UTC) + timedelta(days=expires_days) if expires_days else None
 
     async def create() -> tuple[str, Any]:
@@ -105,7 +89,7 @@ def keys_create(
             )
 
     key, record = _run(create)
-    _err.print(f"created key {record.key_id} (role {role}); it is shown this once:", markup=False)
+    err.print(f"created key {record.key_id} (role {role}); it is shown this once:", markup=False)
     typer.echo(key)
 
 
@@ -116,7 +100,7 @@ def keys_list(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Every key's metadata (never a secret)."""
-    settings = _settings(config, data_dir)
+    settings = load_cli_settings(config, data_dir)
 
     async def listing() -> list[Any]:
         async with key_store(settings) as store:
@@ -144,7 +128,7 @@ def keys_list(
                 )
             )
         )
-    _out.print(table)
+    out.print(table)
 
 
 @keys_app.command("revoke")
@@ -154,15 +138,15 @@ def keys_revoke(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Revoke a key; a running server refuses it from its next request."""
-    settings = _settings(config, data_dir)
+    settings = load_cli_settings(config, data_dir)
 
     async def revoke() -> bool:
         async with key_store(settings) as store:
             return await store.revoke(key_id)
 
     if not _run(revoke):
-        raise _fail(f"no active key {key_id}")
-    _out.print(f"revoked {key_id}", markup=False)
+        raise fail(f"no active key {key_id}")
+    out.print(f"revoked {key_id}", markup=False)
 
 
 # --- policy -------------------------------------------------------------------------------
@@ -177,37 +161,37 @@ def policy_check(
     """Lint policy documents; exit 1 on any error or warning."""
     target = path
     if target is None:
-        settings = _settings(config, data_dir)
+        settings = load_cli_settings(config, data_dir)
         if not settings.policy.path:
             version = load_default_policy().version
-            _out.print(f"the shipped default policy (version {version}) is in force", markup=False)
+            out.print(f"the shipped default policy (version {version}) is in force", markup=False)
             return
         target = Path(settings.policy.path)
     findings = lint(target)
     for finding in findings:
-        _err.print(finding, markup=False)
+        err.print(finding, markup=False)
     if findings:
         raise typer.Exit(1)
-    _out.print(f"ok: {target} (version {load_policy_dir(target).version})", markup=False)
+    out.print(f"ok: {target} (version {load_policy_dir(target).version})", markup=False)
 
 
 @policy_app.command("reload")
 def policy_reload(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
     """Ask the running server of this data dir to reload its policy (SIGHUP).  A broken
     document is refused there and the policy in force stays."""
-    settings = _settings(config, data_dir)
+    settings = load_cli_settings(config, data_dir)
     if settings.policy.path:
         try:
             load_policy_dir(settings.policy.path)
         except PolicyError as exc:
-            raise _fail(f"not reloading: {exc}") from None
+            raise fail(f"not reloading: {exc}") from None
     lock = Path(settings.data_dir) / "airgate.lock"
     try:
         pid = int(lock.read_text().split()[0])
         os.kill(pid, signal.SIGHUP)
     except (OSError, ValueError, IndexError):
-        raise _fail(f"no airgate server is running on {settings.data_dir}") from None
-    _out.print(f"asked server {pid} to reload its policy", markup=False)
+        raise fail(f"no airgate server is running on {settings.data_dir}") from None
+    out.print(f"asked server {pid} to reload its policy", markup=False)
 
 
 # --- audit --------------------------------------------------------------------------------
@@ -236,7 +220,7 @@ def _filter(
             AuditFilter,
         )
     except msgspec.ValidationError as exc:
-        raise _fail(f"bad filter: {exc}", 2) from None
+        raise fail(f"bad filter: {exc}", 2) from None
 
 
 StartOpt = Annotated[str | None, typer.Option(help="From (ISO 8601).")]
@@ -263,7 +247,7 @@ def audit_search(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Matching events as JSON lines, oldest first."""
-    settings = _settings(config, data_dir)
+    settings = load_cli_settings(config, data_dir)
     flt = _filter(start, end, key_id, team, model, kind, outcome)
 
     async def run() -> list[Any]:
@@ -306,9 +290,9 @@ def audit_export(
 ) -> None:
     """Export events (CSV is spreadsheet-formula safe; OCSF is API Activity, class 6003)."""
     if format not in ("jsonl", "csv", "ocsf"):
-        raise _fail("--format must be jsonl, csv or ocsf", 2)
+        raise fail("--format must be jsonl, csv or ocsf", 2)
     fmt: Literal["jsonl", "csv", "ocsf"] = format  # type: ignore[assignment]
-    settings = _settings(config, data_dir)
+    settings = load_cli_settings(config, data_dir)
     flt = _filter(start, end, key_id, team, model, kind, outcome)
 
     async def run() -> int:
@@ -329,7 +313,7 @@ def audit_export(
 
     written = _run(run)
     if output:
-        _err.print(f"wrote {written:,} bytes to {output}", markup=False)
+        err.print(f"wrote {written:,} bytes to {output}", markup=False)
 
 
 @audit_app.command("verify")
@@ -346,13 +330,13 @@ def audit_verify(
     """Verify the hash chain and the signed checkpoints; exit 1 on any problem."""
     from bundles import TrustedKeys
 
-    settings = _settings(config, data_dir)
+    settings = load_cli_settings(config, data_dir)
     entries = list(trusted_key or [])
     own = audit_key_file(settings).with_name("audit-signing.key.pub")
     if own.exists():
         entries.append(str(own))
     if not entries:
-        raise _fail(
+        raise fail(
             "no checkpoint key to trust: pass --trusted-key <data_dir>/keys/audit-signing.key.pub "
             "(or --data-dir of the server that wrote the log)",
             2,
@@ -369,7 +353,7 @@ def audit_verify(
     report = _run(run)
     typer.echo(json.dumps(msgspec.to_builtins(report), indent=2))
     if not report.ok:
-        raise _fail(f"the audit log FAILED verification at seq {report.first_bad_seq}")
+        raise fail(f"the audit log FAILED verification at seq {report.first_bad_seq}")
 
 
 # --- db -----------------------------------------------------------------------------------
@@ -382,7 +366,7 @@ def db_upgrade(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Migrate the database to this airgate's schema."""
-    settings = _settings(config, data_dir)
+    settings = load_cli_settings(config, data_dir)
     url = _url(settings)
     if sql:
         typer.echo(offline_sql(url))
@@ -392,4 +376,4 @@ def db_upgrade(
         await upgrade(url)
         return await current_revision(url)
 
-    _out.print(f"database at revision {_run(run)} (head {head_revision()})", markup=False)
+    out.print(f"database at revision {_run(run)} (head {head_revision()})", markup=False)

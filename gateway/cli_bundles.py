@@ -11,7 +11,6 @@ from typing import Annotated, Literal
 
 import msgspec
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -42,7 +41,8 @@ from bundles import (
     verify_bundle,
 )
 
-from .config import ConfigError, Settings, load_settings
+from .cli_common import ConfigOpt, DataDirOpt, err, fail, load_cli_settings
+from .cli_common import out as stdout  # `out` is also an option of `bundle create`
 from .kms import KeyProviders, local_key_file, rotate_provider_key
 from .weights import trusted_keys
 
@@ -54,27 +54,7 @@ bundle_app = typer.Typer(
 signing_key_app = typer.Typer(help="Ed25519 keys that sign bundle manifests.", no_args_is_help=True)
 kms_app = typer.Typer(help="Key-encryption keys: create and rotate.", no_args_is_help=True)
 
-_err = Console(stderr=True)
-_out = Console()
 
-ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="airgate.toml with the [kms.*] providers.")
-]
-DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Data directory.")]
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    _err.print(f"[bold red]airgate:[/] {escape(message)}", highlight=False)
-    return typer.Exit(code)
-
-
-def _settings(config: Path | None, data_dir: Path | None) -> Settings:
-    try:
-        return load_settings(
-            config, overrides={"data_dir": str(data_dir) if data_dir else None}
-        )
-    except ConfigError as exc:
-        raise _fail(f"configuration error: {exc}", 2) from None
 
 
 @contextlib.contextmanager
@@ -83,9 +63,9 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except BundleIntegrityError as exc:
-        raise _fail(f"{exc} [check: {exc.reason}]") from None
+        raise fail(f"{exc} [check: {exc.reason}]") from None
     except BundleError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
 
 class _Bars:
@@ -98,7 +78,7 @@ class _Bars:
             DownloadColumn(binary_units=True),
             TransferSpeedColumn(),
             TimeRemainingColumn(),
-            console=_err,
+            console=err,
             transient=False,
         )
         self._totals = totals
@@ -125,7 +105,7 @@ def _parse_time(text: str | None, what: str) -> datetime | None:
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise _fail(f"{what} must be an ISO 8601 time such as 2027-01-31T00:00:00Z", 2) from None
+        raise fail(f"{what} must be an ISO 8601 time such as 2027-01-31T00:00:00Z", 2) from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
@@ -134,7 +114,7 @@ def _weight_format(source: Path) -> Literal["gguf", "safetensors"]:
         return "gguf"
     if source.is_dir() and any(source.glob("*.safetensors")):
         return "safetensors"
-    raise _fail(f"{source} is neither a .gguf file nor a directory of .safetensors files", 2)
+    raise fail(f"{source} is neither a .gguf file nor a directory of .safetensors files", 2)
 
 
 @bundle_app.command("create")
@@ -169,7 +149,7 @@ def create(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Encrypt a model under a fresh data key for the recipients and sign the manifest."""
-    settings = _settings(config, data_dir)
+    settings = load_cli_settings(config, data_dir)
     weight_format = _weight_format(source)
     template = chat_template
     if template is not None and Path(template).is_file():
@@ -181,7 +161,7 @@ def create(
     engines = allowed_engine or None
     for engine in engines or ():
         if engine not in ("llama.cpp", "vllm"):
-            raise _fail(f"--allowed-engine must be llama.cpp or vllm, not {engine!r}", 2)
+            raise fail(f"--allowed-engine must be llama.cpp or vllm, not {engine!r}", 2)
     target = out or Path(f"{name}-{version}.bundle")
     providers = KeyProviders(settings)
     with _errors():
@@ -213,7 +193,7 @@ def create(
                 progress=bars,
             )
     providers.close()
-    _out.print(
+    stdout.print(
         f"sealed [bold]{escape(str(target))}[/]: bundle {manifest.bundle_id}, "
         f"{len(manifest.files)} file(s), "
         f"recipients {', '.join(w.provider + ':' + w.key_ref for w in manifest.key_wraps)}, "
@@ -255,7 +235,7 @@ def inspect(
     ]
     for key, value in rows:
         table.add_row(f"[bold]{key}[/]", escape(value))
-    _out.print(table)
+    stdout.print(table)
 
 
 @bundle_app.command("verify")
@@ -273,13 +253,13 @@ def verify(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Check signature, validity and ciphertext digests with no key (--decrypt: all of it)."""
-    settings = _settings(config, data_dir)
+    settings = load_cli_settings(config, data_dir)
     with _errors():
         trusted = trusted_keys(settings)
         extra = TrustedKeys.from_texts_or_files(trusted_key or [])
         trusted = TrustedKeys([*trusted.keys(), *extra.keys()])
         if not len(trusted):
-            raise _fail("no trusted keys: pass --trusted-key or set [bundles] trusted_keys", 2)
+            raise fail("no trusted keys: pass --trusted-key or set [bundles] trusted_keys", 2)
         info = read_manifest(bundle, trusted)  # a bad signature fails before any bar shows
         sizes = {
             "verify ciphertext": sum(f.ciphertext_size for f in info.manifest.files),
@@ -297,7 +277,7 @@ def verify(
                 finally:
                     providers.close()
     what = "signature, validity, ciphertext" + (" and plaintext" if decrypt else "")
-    _out.print(
+    stdout.print(
         f"[green]ok[/]: {escape(str(bundle))} ({what} verified; signed by {verified.signer})",
         highlight=False,
     )
@@ -322,8 +302,8 @@ def rekey(
 ) -> None:
     """Change recipients or rotate key versions; the encrypted payload is not touched."""
     if not (add or remove or rewrap):
-        raise _fail("nothing to do: give --add, --remove or --rewrap", 2)
-    settings = _settings(config, data_dir)
+        raise fail("nothing to do: give --add, --remove or --rewrap", 2)
+    settings = load_cli_settings(config, data_dir)
     providers = KeyProviders(settings)
     with _errors():
         key = load_signing_key(signing_key)
@@ -347,7 +327,7 @@ def rekey(
         finally:
             providers.close()
     recipients = ", ".join(f"{w.provider}:{w.key_ref} v{w.key_version}" for w in manifest.key_wraps)
-    _out.print(f"re-keyed {bundle}: recipients now {recipients}", markup=False, highlight=False)
+    stdout.print(f"re-keyed {bundle}: recipients now {recipients}", markup=False, highlight=False)
 
 
 @signing_key_app.command("create")
@@ -357,7 +337,7 @@ def signing_key_create(
     """Create an Ed25519 signing key; its public key is written beside it as PATH.pub."""
     with _errors():
         public = create_signing_key(path)
-    _out.print(
+    stdout.print(
         f"created {escape(str(path))} (key id {key_id(public)}); public key in {path}.pub:",
         markup=False,
         highlight=False,
@@ -382,11 +362,11 @@ def kms_init(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Create the local key file (0600) with a new key."""
-    settings = _settings(config, data_dir)
+    settings = load_cli_settings(config, data_dir)
     path = local_key_file(settings)
     if not init_key_file(path, key):
-        raise _fail(f"{path} already exists; use `airgate kms rotate` for a new version")
-    _out.print(f"created {path} with key local:{key}", markup=False, highlight=False)
+        raise fail(f"{path} already exists; use `airgate kms rotate` for a new version")
+    stdout.print(f"created {path} with key local:{key}", markup=False, highlight=False)
 
 
 @kms_app.command("rotate")
@@ -399,7 +379,7 @@ def kms_rotate(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Add a new key version; `bundle rekey --rewrap` then moves bundles onto it."""
-    settings = _settings(config, data_dir)
+    settings = load_cli_settings(config, data_dir)
     with _errors():
         message = rotate_provider_key(settings, provider, key)
-    _out.print(message, markup=False, highlight=False)
+    stdout.print(message, markup=False, highlight=False)
