@@ -10,13 +10,12 @@ call is itself audited (`audit.access`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
 from litestar import Request, Response, Router, get
-from litestar.di import NamedDependency
+from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 
@@ -45,11 +44,7 @@ def _json(payload: Any) -> Response[bytes]:
     return Response(_encode(payload), media_type="application/json")
 
 
-@get("/events")
-async def list_events(
-    request: Request[Any, Any, Any],
-    security: NamedDependency[Security],
-    principal: NamedDependency[Principal],
+def _audit_filter(
     start: FromQuery[datetime | None] = None,
     end: FromQuery[datetime | None] = None,
     key_id: FromQuery[str | None] = None,
@@ -57,22 +52,26 @@ async def list_events(
     model: FromQuery[str | None] = None,
     kind: FromQuery[EventKind | None] = None,
     outcome: FromQuery[Outcome | None] = None,
+) -> AuditFilter:
+    """The filters search and export share, from the query string."""
+    return AuditFilter(
+        start=start, end=end, key_id=key_id, team=team, model=model, kind=kind, outcome=outcome
+    )
+
+
+@get("/events")
+async def list_events(
+    request: Request[Any, Any, Any],
+    security: NamedDependency[Security],
+    principal: NamedDependency[Principal],
+    selection: NamedDependency[AuditFilter],
     cursor: FromQuery[str | None] = None,
     limit: FromQuery[int] = 100,
 ) -> Response[bytes]:
     """One page of audit events, oldest first; follow `next_cursor` for the next page."""
     try:
         records, next_cursor = await search(
-            security.engine,
-            start=start,
-            end=end,
-            key_id=key_id,
-            team=team,
-            model=model,
-            kind=kind,
-            outcome=outcome,
-            cursor=cursor,
-            limit=limit,
+            security.engine, **msgspec.structs.asdict(selection), cursor=cursor, limit=limit
         )
     except InvalidQuery:
         raise InvalidRequest("invalid filter or cursor", param="cursor") from None
@@ -117,19 +116,10 @@ async def export_events(
     request: Request[Any, Any, Any],
     security: NamedDependency[Security],
     principal: NamedDependency[Principal],
+    selection: NamedDependency[AuditFilter],
     format: FromQuery[Literal["jsonl", "csv", "ocsf"]] = "jsonl",
-    start: FromQuery[datetime | None] = None,
-    end: FromQuery[datetime | None] = None,
-    key_id: FromQuery[str | None] = None,
-    team: FromQuery[str | None] = None,
-    model: FromQuery[str | None] = None,
-    kind: FromQuery[EventKind | None] = None,
-    outcome: FromQuery[Outcome | None] = None,
 ) -> Stream:
     """The selected events as JSONL, CSV (formula-injection safe) or OCSF 6003, streamed."""
-    flt = AuditFilter(
-        start=start, end=end, key_id=key_id, team=team, model=model, kind=kind, outcome=outcome
-    )
     await record_access(
         security,
         request.scope,
@@ -140,13 +130,8 @@ async def export_events(
         status=200,
         detail={"format": format},
     )
-
-    async def body() -> AsyncIterator[bytes]:
-        async for chunk in export(security.engine, format, flt):
-            yield chunk
-
     return Stream(
-        body(),
+        export(security.engine, format, selection),
         media_type=_MEDIA[format],
         headers={"Content-Disposition": f'attachment; filename="airgate-audit.{format}"'},
     )
@@ -184,5 +169,6 @@ compliance_router = Router(
     path="/audit",
     route_handlers=[list_events, one_event, export_events, verify_log],
     guards=[requires("audit.access", "auditor", "admin")],
+    dependencies={"selection": Provide(_audit_filter, sync_to_thread=False)},
     include_in_schema=False,
 )
