@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,41 @@ def add_test_keys(data_dir: Path, roles: tuple[str, ...] = ("app",)) -> dict[str
     keys = {**(test_keys(data_dir) if path.exists() else {}), **asyncio.run(create())}
     path.write_text(json.dumps(keys))
     return keys
+
+
+EXIT_DEADLINE_S = 120.0  # a command that must exit on its own; past this it hangs
+
+
+def run_cli(
+    args: Sequence[str], env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a command that must exit by itself; wide, plain (uncoloured) output."""
+    environ = clean_env({"COLUMNS": "200", "TERM": "dumb", "NO_COLOR": "1", **(env or {})})
+    try:
+        return subprocess.run(
+            list(args),
+            env=environ,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=EXIT_DEADLINE_S,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(
+            f"{args} did not exit within {EXIT_DEADLINE_S}s (it should have)"
+        ) from exc
+
+
+def airgate(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """`python -m gateway ARGS`, which must exit by itself."""
+    return run_cli([sys.executable, "-m", "gateway", *map(str, args)])
+
+
+def ok(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """`airgate(*args)`, which must succeed."""
+    result = airgate(*args)
+    assert result.returncode == 0, f"{args}: exit {result.returncode}\n{result.stderr}"
+    return result
 
 
 def serve_command(port: int, data_dir: Path, *more: str) -> list[str]:

@@ -14,7 +14,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tarfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,8 +27,10 @@ from server_process import (
     SERVER_ENV,
     Server,
     add_test_keys,
+    airgate,
     clean_env,
     free_port,
+    ok,
     serve_command,
     stop_and_check,
 )
@@ -38,7 +39,6 @@ from bundles import LocalKeyProvider, WrappedKey
 
 pytestmark = pytest.mark.e2e
 
-EXIT_DEADLINE_S = 120.0
 PLAIN_PROBE = 64 << 10  # this many leading GGUF bytes must occur in no bundle file
 SCAN_CHUNK = 16 << 20
 MODEL_ID = "sealed-gemma"
@@ -49,29 +49,6 @@ LOAD_STEPS = (
     "data key unwrapped",
     "decrypted and verified",
 )
-
-
-def airgate(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """`python -m gateway ARGS`, which must exit by itself; wide, plain output."""
-    command = [sys.executable, "-m", "gateway", *map(str, args)]
-    environ = clean_env({"COLUMNS": "200", "TERM": "dumb", "NO_COLOR": "1"})
-    try:
-        return subprocess.run(
-            command,
-            env=environ,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=EXIT_DEADLINE_S,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"{command} did not exit within {EXIT_DEADLINE_S}s") from exc
-
-
-def ok(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    result = airgate(*args)
-    assert result.returncode == 0, f"{args}: exit {result.returncode}\n{result.stderr}"
-    return result
 
 
 def mode(path: Path) -> int:

@@ -4,9 +4,7 @@ readiness, metrics, and a client that goes away mid-stream."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -15,8 +13,8 @@ from server_process import (
     MODEL,
     NO_END,
     Server,
-    clean_env,
     free_port,
+    run_cli,
     serve_command,
     start_server,
     stop_and_check,
@@ -25,27 +23,6 @@ from server_process import (
 pytestmark = pytest.mark.e2e
 
 AIRGATE = Path(sys.executable).with_name("airgate")
-EXIT_DEADLINE_S = 120.0  # a command that must exit on its own; past this it hangs
-
-
-def run_cli(
-    args: Sequence[str], env: Mapping[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run a command that must exit by itself; wide, plain help output."""
-    environ = clean_env({"COLUMNS": "200", "TERM": "dumb", "NO_COLOR": "1", **(env or {})})
-    try:
-        return subprocess.run(
-            list(args),
-            env=environ,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=EXIT_DEADLINE_S,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(
-            f"{args} did not exit within {EXIT_DEADLINE_S}s (it should have)"
-        ) from exc
 
 
 def metric_samples(text: str) -> dict[str, float]:

@@ -10,7 +10,6 @@ import re
 import shutil
 import stat
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,10 @@ from server_process import (
     SERVER_ENV,
     Server,
     add_test_keys,
+    airgate,
     clean_env,
     free_port,
+    ok,
     serve_command,
     start_server,
     stop_and_check,
@@ -34,33 +35,9 @@ from gateway.auth import SCANNER_PATTERN
 
 pytestmark = pytest.mark.e2e
 
-EXIT_DEADLINE_S = 120.0
 PAYLOAD = "data/gemma-3-270m-q4_k_m.gguf.enc"
 # the loader's steps from the data key on: none may be logged when a bundle is refused
 DECRYPT_STEPS = ("data key unwrapped", "decrypted and verified")
-
-
-def airgate(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """`python -m gateway ARGS`, which must exit by itself."""
-    command = [sys.executable, "-m", "gateway", *map(str, args)]
-    environ = clean_env({"COLUMNS": "200", "TERM": "dumb", "NO_COLOR": "1"})
-    try:
-        return subprocess.run(
-            command,
-            env=environ,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=EXIT_DEADLINE_S,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"{command} did not exit within {EXIT_DEADLINE_S}s") from exc
-
-
-def ok(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    result = airgate(*args)
-    assert result.returncode == 0, f"{args}: exit {result.returncode}\n{result.stderr}"
-    return result
 
 
 def serve_exits(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
