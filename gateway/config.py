@@ -26,6 +26,7 @@ __all__ = [
     "ModelSettings",
     "ServerSettings",
     "Settings",
+    "TelemetrySettings",
     "load_settings",
 ]
 
@@ -168,6 +169,20 @@ class AuditSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
     sqlite_synchronous: Literal["full", "normal"] = "full"
 
 
+class TelemetrySettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """OpenTelemetry traces (off by default).  Spans carry GenAI metadata only: an allow-list
+    applied at export drops every other attribute, every event and every status message."""
+
+    # OTLP/HTTP (protobuf) traces endpoint of a collector, e.g. http://127.0.0.1:4318/v1/traces;
+    # empty: no tracing
+    otlp_endpoint: str = ""
+    service_name: Annotated[str, Meta(min_length=1, max_length=128)] = "airgate"
+    sample_ratio: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
+    timeout_s: Annotated[float, Meta(gt=0, le=60)] = 5.0
+    # CA bundle for an https:// collector (default: the system's)
+    ca_file: str | None = None
+
+
 class Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     data_dir: str = ""  # filled by load_settings when empty
     server: ServerSettings = ServerSettings()
@@ -178,6 +193,7 @@ class Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     policy: PolicySettings = PolicySettings()
     limits: LimitSettings = LimitSettings()
     audit: AuditSettings = AuditSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
     models: list[ModelSettings] = []
 
 
@@ -185,7 +201,7 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("airgate", appauthor=False))
 
 
-_ENV_SECTIONS = ("server", "engine", "policy", "limits", "audit")
+_ENV_SECTIONS = ("server", "engine", "policy", "limits", "audit", "telemetry")
 
 
 def _env_value(text: str) -> Any:
