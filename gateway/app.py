@@ -31,6 +31,7 @@ from .openai.models import get_model, list_models
 from .openai.schema import openapi_document
 from .registry import ModelRegistry
 from .reqlog import RequestLogMiddleware
+from .routing import Router, RouterMetrics
 from .runtime import build_registry, start_engines, stop_engines
 from .security import Security, open_security
 
@@ -68,6 +69,8 @@ def _principal(request: Request[Any, Any, Any]) -> Principal:
 
 def _build(settings: Settings, models: ModelRegistry, given: Security | None) -> Litestar:
     metrics = Metrics(models)
+    router = Router(models, settings.routing)
+    router.metrics = RouterMetrics(metrics.registry, models, router.queue_depth)
     holder = SecurityHolder()
     metrics.watch(lambda: _access_gauges(holder))
     schema = openapi_document(_version())
@@ -125,6 +128,7 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
         dependencies={
             "models": Provide(lambda: models, use_cache=True, sync_to_thread=False),
             "metrics": Provide(lambda: metrics, use_cache=True, sync_to_thread=False),
+            "router": Provide(lambda: router, use_cache=True, sync_to_thread=False),
             "security": Provide(holder.get, sync_to_thread=False),
             "principal": Provide(_principal, sync_to_thread=False),
         },
@@ -162,21 +166,22 @@ def _access_gauges(holder: SecurityHolder) -> dict[str, tuple[str, float]]:
 
 
 async def _audit_bundles(holder: SecurityHolder, models: ModelRegistry) -> None:
-    """One `bundle.loaded` event per model served from a bundle (signed, digest-checked)."""
+    """One `bundle.loaded` event per deployment served from a bundle (signed, digest-checked)."""
     security = holder.security
     if security is None:
         return
-    for model in models.models:
-        if model.bundle is None:
+    for d in models.deployments:
+        if d.bundle is None:
             continue
-        bundle_id, digest, signer = model.bundle
+        bundle_id, digest, signer = d.bundle
         security.audit.append_nowait(
             AuditEvent(
                 event_id=new_event_id(),
                 ts=datetime.now(UTC),
                 kind="bundle.loaded",
                 outcome="success",
-                model=model.id,
+                model=d.model_id,
+                deployment=d.name,
                 bundle_digest=digest,
                 detail={"bundle_id": bundle_id, "signer": signer},
             )

@@ -24,9 +24,11 @@ __all__ = [
     "EngineSettings",
     "KmsSettings",
     "ModelSettings",
+    "RoutingSettings",
     "ServerSettings",
     "Settings",
     "TelemetrySettings",
+    "VllmSettings",
     "load_settings",
 ]
 
@@ -61,21 +63,63 @@ class EngineSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=
     batch_invariant: bool = False  # see README: only matters above 7 slots
 
 
+_DEPLOYMENT = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$"
+
+
+class VllmSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Engine arguments of a vLLM deployment (`[models.vllm]`); vLLM's own defaults otherwise."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_model_len: Annotated[int, Meta(ge=16, le=1_048_576)] | None = None
+    gpu_memory_utilization: Annotated[float, Meta(gt=0, le=1)] = 0.9
+    tensor_parallel_size: Annotated[int, Meta(ge=1, le=64)] = 1
+    enforce_eager: bool = False
+    kv_cache_space_gib: Annotated[float, Meta(gt=0)] | None = None  # CPU builds: KV-cache size
+    max_num_seqs: Annotated[int, Meta(ge=1, le=4096)] = 16  # sequences that run at once
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+
 class ModelSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One deployment: an engine serving the model `id` (and its aliases).
+
+    Several entries may share an `id`: the router then sends each request to one of them by
+    class, health and load (e.g. the same model as safetensors on vLLM and as GGUF on
+    llama.cpp).  `name` tells the deployments apart (default: the id, or `<id>@<engine>`).
+    """
+
     id: Annotated[
         str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
     ]
-    engine: Literal["llama.cpp", "echo"] = "llama.cpp"
+    name: Annotated[str, Meta(min_length=1, max_length=128, pattern=_DEPLOYMENT)] | None = None
+    engine: Literal["llama.cpp", "vllm", "echo"] = "llama.cpp"
+    # gpu: preferred; edge: takes the overflow (default: vllm -> gpu, others -> edge)
+    engine_class: Literal["gpu", "edge"] | None = msgspec.field(default=None, name="class")
+    weight: Annotated[float, Meta(gt=0, le=1000)] = 1.0  # relative speed per sequence slot
+    # requests that may wait inside the engine beyond its capacity (default: its own bound);
+    # beyond that they wait at the gateway ([routing])
+    max_queue: Annotated[int, Meta(ge=0, le=100_000)] | None = None
     bundle: str | None = None  # signed, encrypted bundle (directory or .tar): the normal case
-    path: str | None = None  # plain GGUF file: only with `serve --insecure-plaintext-model`
+    path: str | None = None  # plain model file/dir: only with `serve --insecure-plaintext-model`
     aliases: list[str] = []
-    chat_template: str | None = None  # default: the bundle's, else "gemma"
+    chat_template: str | None = None  # default: the bundle's (llama.cpp: else "gemma")
     slots: Annotated[int, Meta(ge=1, le=256)] | None = None
     context_length: Annotated[int, Meta(ge=64, le=1_048_576)] | None = None
     batch_size: Annotated[int, Meta(ge=16, le=8192)] | None = None
     max_waiting: Annotated[int, Meta(ge=0, le=100_000)] | None = None
     n_threads: Annotated[int, Meta(ge=1, le=1024)] | None = None
     batch_invariant: bool | None = None
+    vllm: VllmSettings | None = None  # engine = "vllm" only
+
+    @property
+    def deployment(self) -> str:
+        return self.name or self.id
+
+    @property
+    def resolved_class(self) -> Literal["gpu", "edge"]:
+        if self.engine_class is not None:
+            return self.engine_class
+        return "gpu" if self.engine == "vllm" else "edge"
 
 
 class BundleSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -183,6 +227,18 @@ class TelemetrySettings(_Section, frozen=True, forbid_unknown_fields=True, kw_on
     ca_file: str | None = None
 
 
+class RoutingSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How requests wait when every deployment of a model is full, and when a deployment is
+    taken out of rotation."""
+
+    queue_size: Annotated[int, Meta(ge=0, le=1_000_000)] = 256  # per model; 0: never wait
+    queue_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0
+    team_share: Annotated[float, Meta(gt=0, le=1)] = 0.5  # most of the queue one team may hold
+    breaker_failures: Annotated[int, Meta(ge=1, le=1000)] = 5  # consecutive, to open
+    breaker_open_s: Annotated[float, Meta(ge=0, le=3600)] = 30.0  # before one probe
+    retry: bool = True  # a failure before the first token is retried once elsewhere
+
+
 class Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     data_dir: str = ""  # filled by load_settings when empty
     server: ServerSettings = ServerSettings()
@@ -194,6 +250,7 @@ class Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     limits: LimitSettings = LimitSettings()
     audit: AuditSettings = AuditSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
+    routing: RoutingSettings = RoutingSettings()
     models: list[ModelSettings] = []
 
 
@@ -201,7 +258,7 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("airgate", appauthor=False))
 
 
-_ENV_SECTIONS = ("server", "engine", "policy", "limits", "audit", "telemetry")
+_ENV_SECTIONS = ("server", "engine", "policy", "limits", "audit", "telemetry", "routing")
 
 
 def _env_value(text: str) -> Any:
@@ -288,16 +345,28 @@ def _describe(exc: msgspec.ValidationError) -> str:
 
 
 def _check_models(settings: Settings) -> None:
-    seen: set[str] = set()
+    owner: dict[str, str] = {}  # served name -> model id
+    deployments: set[str] = set()
+    ids = [m.id for m in settings.models]
     for model in settings.models:
-        for name in (model.id, *model.aliases):
-            if name in seen:
-                raise ConfigError(f"model id or alias {name!r} is declared twice")
-            seen.add(name)
+        names = (model.id, *model.aliases)
+        if len(set(names)) != len(names):
+            raise ConfigError(f"model {model.id!r}: a name is declared twice in its aliases")
+        for name in names:
+            if owner.setdefault(name, model.id) != model.id:
+                raise ConfigError(f"model id or alias {name!r} is declared for two models")
+        deployment = model.name or (model.id if ids.count(model.id) == 1 else None)
+        if deployment is None:
+            raise ConfigError(f"model {model.id!r} has several deployments: give each a `name`")
+        if deployment in deployments:
+            raise ConfigError(f"deployment name {deployment!r} is declared twice")
+        deployments.add(deployment)
+        if model.vllm is not None and model.engine != "vllm":
+            raise ConfigError(f"deployment {deployment!r}: [models.vllm] needs engine = \"vllm\"")
         if model.engine == "echo":
             continue
         if bool(model.bundle) == bool(model.path):
             raise ConfigError(
                 f"model {model.id!r}: give exactly one of `bundle` (a sealed bundle) or `path` "
-                "(a plain GGUF, accepted only with --insecure-plaintext-model)"
+                "(a plain model, accepted only with --insecure-plaintext-model)"
             )

@@ -70,6 +70,7 @@ class Admitted:
         self._admission = admission
         self.headers = dict(admission.headers)
         self.effective_max_tokens = decision.effective_max_tokens
+        self.routed_to: str | None = None
         self._done = False
         self._closed = False
         self._start = time.perf_counter()
@@ -91,6 +92,17 @@ class Admitted:
             **self._base,
             **fields,
         )
+
+    def routed(self, deployment: str, engine_class: str, reason: str, attempt: int) -> None:
+        """Where the router sent the request: in every later event of it."""
+        self.routed_to = deployment
+        self._base["deployment"] = deployment
+        self._base["detail"] = {
+            "route_reason": reason,
+            "engine_class": engine_class,
+            "attempts": attempt,
+        }
+        self.headers["x-airgate-deployment"] = deployment
 
     async def complete(self, info: RequestInfo, *, response_bytes: int | None = None) -> None:
         """Record the completion; in strict mode it is durable when this returns.
@@ -139,7 +151,7 @@ async def admit(
     action: Literal["chat.completions", "completions"],
     route: str,
     model: str,
-    engine: str,
+    engine_classes: frozenset[policies.EngineClass],
     max_tokens: int | None,
     n: int,
     prompt_bytes: int,
@@ -151,7 +163,7 @@ async def admit(
     its client gets, after auditing it)."""
     facts = RequestFacts(
         model=model,
-        engine_class="gpu" if engine == "vllm" else "edge",
+        engine_classes=engine_classes,
         max_tokens=max_tokens,
         n=n,
         prompt_bytes=prompt_bytes,

@@ -1,5 +1,7 @@
 """Prometheus metrics: vLLM's names (so existing dashboards work) plus `airgate_*`.
 
+Engine series are labelled by model, engine kind and deployment (one model may have several).
+
 Each app gets its own CollectorRegistry, so several apps can live in one process (tests).
 Engine gauges are read at scrape time from `Engine.load()`; nothing here holds content.
 """
@@ -23,7 +25,7 @@ from .registry import ModelRegistry
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_LABELS = ("model_name", "engine")
+_LABELS = ("model_name", "engine", "deployment")
 _TTFT_BUCKETS = (
     0.01,
     0.025,
@@ -57,9 +59,9 @@ class _EngineCollector(Collector):
             "vllm:num_requests_waiting", "Requests waiting for a slot", labels=_LABELS
         )
         kv = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache use, 0..1", labels=_LABELS)
-        for model in self._models.models:
-            load = model.engine.load()
-            labels = [model.id, model.engine.name]
+        for d in self._models.deployments:
+            load = d.engine.load()
+            labels = [d.model_id, d.engine.name, d.name]
             running.add_metric(labels, load.running)
             waiting.add_metric(labels, load.waiting)
             kv.add_metric(labels, load.kv_usage)

@@ -55,19 +55,27 @@ class RequestInfo:
     """Facts a handler learns about its request, for the log line (and later the audit)."""
 
     __slots__ = (
+        "attempts",
         "completion_tokens",
+        "deployment",
         "error_code",
         "finish_reason",
         "key_id",
         "model",
         "prompt_tokens",
         "request_id",
+        "route_reason",
+        "started",
         "stream",
         "ttft_s",
     )
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, started: float | None = None) -> None:
         self.request_id = request_id
+        self.started = time.perf_counter() if started is None else started
+        self.deployment: str | None = None  # where the router sent it (the last attempt)
+        self.route_reason: str | None = None
+        self.attempts = 0
         self.model: str | None = None
         self.stream = False
         self.prompt_tokens: int | None = None
@@ -94,7 +102,7 @@ class RequestLogMiddleware:
             return
         start = time.perf_counter()
         request_id = _request_id(scope)
-        info = RequestInfo(request_id)
+        info = RequestInfo(request_id, start)
         scope.setdefault("state", {})["airgate"] = info
         status = 500
         header = (b"x-request-id", request_id.encode())
@@ -130,6 +138,10 @@ class RequestLogMiddleware:
                 completion_tokens=info.completion_tokens,
                 finish_reason=info.finish_reason,
                 ttft_ms=None if info.ttft_s is None else round(info.ttft_s * 1000, 2),
+            )
+        if info.deployment is not None:
+            fields.update(
+                deployment=info.deployment, route=info.route_reason, attempts=info.attempts
             )
         if info.key_id is not None:
             fields["key_id"] = info.key_id

@@ -14,12 +14,13 @@ from pathlib import Path
 
 from backends.echo import EchoEngine
 from backends.llamacpp import LlamaCppEngine, LlamaCppOptions
-from backends.types import Engine
+from backends.types import Engine, ModelSource
+from backends.vllm import VllmEngine, VllmOptions
 from bundles import BundlePolicyError, Manifest, TrustedKeys, check_bundle
 
-from .config import ConfigError, ModelSettings, Settings
+from .config import ConfigError, ModelSettings, Settings, VllmSettings
 from .kms import KeyProviders
-from .registry import ModelRegistry, ServedModel
+from .registry import Deployment, ModelRegistry, ServedModel
 from .weights import DEFAULT_MODEL_ID, BundleSource, ensure_default_bundle, trusted_keys
 
 __all__ = ["build_registry", "start_engines", "stop_engines"]
@@ -53,6 +54,38 @@ def _llamacpp_options(
     )
 
 
+def _vllm_options(model: ModelSettings, manifest: Manifest | None = None) -> VllmOptions:
+    v = model.vllm or VllmSettings()
+    hints = manifest.model.engine_hints if manifest is not None else {}
+    max_len = v.max_model_len or model.context_length
+    if max_len is None and isinstance(hints.get("context_length"), int):
+        max_len = int(hints["context_length"])
+    return VllmOptions(
+        dtype=v.dtype,
+        max_model_len=max_len,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        tensor_parallel_size=v.tensor_parallel_size,
+        enforce_eager=v.enforce_eager,
+        kv_cache_space_gib=v.kv_cache_space_gib,
+        max_num_seqs=v.max_num_seqs,
+        max_waiting=model.max_waiting if model.max_waiting is not None else 64,
+        chat_template=model.chat_template or (manifest.model.chat_template if manifest else None),
+        seed=v.seed,
+        enable_prefix_caching=v.enable_prefix_caching,
+    )
+
+
+def _new_engine(
+    settings: Settings, model: ModelSettings, weights: str | ModelSource, manifest: Manifest | None
+) -> Engine:
+    if model.engine == "vllm":
+        return VllmEngine(weights, _vllm_options(model, manifest))
+    return LlamaCppEngine(weights, _llamacpp_options(settings, model, manifest))
+
+
+_FORMAT = {"llama.cpp": "gguf", "vllm": "safetensors"}
+
+
 def _bundle_engine(
     settings: Settings,
     model: ModelSettings,
@@ -64,13 +97,17 @@ def _bundle_engine(
     # that cannot be served stops start-up here, before the port is bound
     verified = check_bundle(bundle, trusted, now=datetime.now(UTC))
     manifest = verified.manifest
-    if manifest.model.weight_format != "gguf":
+    engine = model.engine
+    if manifest.model.weight_format != _FORMAT[engine]:
         raise ConfigError(
-            f"model {model.id!r}: bundle holds {manifest.model.weight_format} weights, which "
-            "need the vLLM engine (not available in this build)"
+            f"deployment {model.deployment!r}: the bundle holds {manifest.model.weight_format} "
+            f"weights, which the {engine} engine does not load (llama.cpp: gguf; vllm: "
+            "safetensors)"
         )
-    if "llama.cpp" not in manifest.policy.allowed_engines:
-        raise BundlePolicyError(f"model {model.id!r}: the bundle may not be loaded by llama.cpp")
+    if engine not in manifest.policy.allowed_engines:
+        raise BundlePolicyError(
+            f"deployment {model.deployment!r}: the bundle may not be loaded by {engine}"
+        )
     _log.info(
         "model %s: bundle %s (digest %s, signed by %s)",
         model.id,
@@ -82,10 +119,10 @@ def _bundle_engine(
         bundle,
         trusted=trusted,
         providers=providers,
-        engine="llama.cpp",
+        engine=engine,
         allowed_providers=settings.bundles.allowed_providers,
     )
-    return LlamaCppEngine(source, _llamacpp_options(settings, model, manifest)), source
+    return _new_engine(settings, model, source, manifest), source
 
 
 def _engine(
@@ -96,7 +133,9 @@ def _engine(
     allow_plaintext: bool,
 ) -> tuple[Engine, BundleSource | None]:
     if model.engine == "echo":
-        _log.warning("model %s is served by the echo engine (for HTTP benchmarks only)", model.id)
+        _log.warning(
+            "model %s is served by the echo engine (for HTTP benchmarks only)", model.id
+        )
         context = model.context_length or settings.engine.context_length
         return EchoEngine(context_length=context), None
     if model.bundle:
@@ -113,7 +152,7 @@ def _engine(
         model.id,
         model.path,
     )
-    return LlamaCppEngine(model.path, _llamacpp_options(settings, model)), None
+    return _new_engine(settings, model, model.path, None), None
 
 
 def build_registry(settings: Settings, *, allow_plaintext: bool = False) -> ModelRegistry:
@@ -128,26 +167,39 @@ def build_registry(settings: Settings, *, allow_plaintext: bool = False) -> Mode
         bundle = ensure_default_bundle(settings, providers)
         models = [ModelSettings(id=DEFAULT_MODEL_ID, bundle=str(bundle))]
     trusted = trusted_keys(settings)
-    served = []
+    deployments: dict[str, list[Deployment]] = {}
+    aliases: dict[str, list[str]] = {}
     for m in models:
         engine, source = _engine(settings, m, trusted, providers, allow_plaintext)
-        served.append(ServedModel(m.id, engine, m.aliases, source=source))
-    registry = ModelRegistry(served)
+        deployment = Deployment(
+            m.deployment,
+            engine,
+            engine_class=m.resolved_class,
+            weight=m.weight,
+            max_queue=m.max_queue,
+            source=source,
+        )
+        deployments.setdefault(m.id, []).append(deployment)
+        names = aliases.setdefault(m.id, [])
+        names.extend(a for a in m.aliases if a not in names)
+    registry = ModelRegistry(
+        ServedModel(model_id, ds, aliases[model_id]) for model_id, ds in deployments.items()
+    )
     registry.on_close.append(providers.close)
     return registry
 
 
 async def start_engines(registry: ModelRegistry) -> None:
-    await asyncio.gather(*(m.engine.start() for m in registry.models))
-    for model in registry.models:
-        if isinstance(model.source, BundleSource):
-            model.bundle = model.source.loaded
+    await asyncio.gather(*(d.engine.start() for d in registry.deployments))
+    for d in registry.deployments:
+        if isinstance(d.source, BundleSource):
+            d.bundle = d.source.loaded
     registry.ready = True
     _log.info("ready: serving %s", ", ".join(registry.names()))
 
 
 async def stop_engines(registry: ModelRegistry) -> None:
     registry.ready = False
-    await asyncio.gather(*(m.engine.stop() for m in registry.models), return_exceptions=True)
+    await asyncio.gather(*(d.engine.stop() for d in registry.deployments), return_exceptions=True)
     for close in registry.on_close:
         close()

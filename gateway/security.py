@@ -12,6 +12,7 @@ only with `[audit] migrate = true`), starts the audit writer and closes everythi
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,7 +27,14 @@ from bundles import create_signing_key, load_signing_key
 from policies import PolicyError, PolicySet, load_default_policy, load_policy_dir
 
 from .audit import AuditEvent, AuditUnavailable, AuditWriter
-from .auth import JwtVerifier, KeyStore, SubjectMap, default_pepper_path, load_or_create_pepper
+from .auth import (
+    JwtVerifier,
+    KeyStore,
+    Principal,
+    SubjectMap,
+    default_pepper_path,
+    load_or_create_pepper,
+)
 from .config import Settings
 from .db import create_db_engine, database_url
 from .db.migrate import ensure_schema
@@ -86,6 +94,13 @@ class Security:
     audit: AuditWriter
     audit_key: Ed25519PrivateKey
     closers: list[Any] = field(default_factory=list)
+
+    def cache_salt(self, principal: Principal) -> str:
+        """The prefix-cache salt of the caller's tenant (its team, else its key): engines share
+        cached prompt prefixes only within a tenant, so no tenant can time another's prompts
+        out of the cache.  Derived from the server's secret pepper, so it cannot be guessed."""
+        tenant = principal.team if principal.team else f"key:{principal.key_id}"
+        return _salt(self.keys, tenant)
 
     @property
     def strict(self) -> bool:
@@ -170,3 +185,8 @@ async def open_security(settings: Settings) -> AsyncIterator[Security]:
         if redis_client is not None:
             await redis_client.aclose()
         await engine.dispose()
+
+
+@functools.lru_cache(maxsize=4096)
+def _salt(keys: KeyStore, tenant: str) -> str:
+    return keys.derive(b"prefix-cache-salt\0" + tenant.encode()).hex()[:32]

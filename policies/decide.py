@@ -13,7 +13,7 @@ The deciding rule's checks run in this order; the first that fails is the code:
 
     model_not_allowed          a `deny_models` glob matches (deny beats allow), or no
                                `models` glob does
-    engine_class_not_allowed   the request's engine class is not in `engine_classes`
+    engine_class_not_allowed   no deployment of the model has a class in `engine_classes`
     max_tokens_exceeded        the request's max_tokens is above the rule's `max_tokens`
     n_exceeded                 n is above `max_n`
     prompt_too_large           prompt_bytes is above `max_prompt_bytes`
@@ -76,10 +76,10 @@ def _refusal(rule: Rule, request: RequestFacts) -> tuple[DecisionCode, str] | No
     """(code, message) of the first check `request` fails under `rule`, None if it passes."""
     if not _model_allowed(rule, request.model):
         return "model_not_allowed", "this API key may not use the requested model"
-    if request.engine_class not in rule.engine_classes:
+    if request.engine_classes.isdisjoint(rule.engine_classes):
         return (
             "engine_class_not_allowed",
-            f"this API key may not be served by {request.engine_class} engines",
+            "this API key may not be served by the engines that serve this model",
         )
     cap = rule.max_tokens
     if cap is not None and request.max_tokens is not None and request.max_tokens > cap:
@@ -128,4 +128,5 @@ def decide(policy: PolicySet, principal: Principal, request: RequestFacts) -> De
         audit_level=rule.audit_level,
         policy_version=policy.version,
         engine_classes=frozenset(rule.engine_classes),
+        priority=rule.priority,
     )

@@ -19,6 +19,7 @@ A document is a name, an optional description and an ordered list of `[[rules]]`
     concurrent_streams = 16
     engine_classes = ["gpu"]        # any of "gpu", "edge" (default: both)
     audit_level = "metadata"        # or "minimal"
+    priority = 0                    # engine scheduling priority: lower runs first (vLLM)
 
 How rules combine is defined once, in `policies.decide`: the first rule whose `teams` and
 `roles` match the principal decides, like a firewall.  A cap left out means "no cap".
@@ -87,6 +88,8 @@ class Rule(_Strict, frozen=True, kw_only=True, forbid_unknown_fields=True):
     concurrent_streams: Positive | None = None
     engine_classes: Annotated[tuple[EngineClass, ...], Meta(min_length=1)] = ("gpu", "edge")
     audit_level: AuditLevel = "metadata"
+    # engine scheduling priority (vLLM: lower runs first; engines without priorities ignore it)
+    priority: Annotated[int, Meta(ge=-1000, le=1000)] = 0
 
 
 class PolicyDocument(_Strict, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -123,13 +126,14 @@ class Principal(msgspec.Struct, frozen=True):
 class RequestFacts(msgspec.Struct, frozen=True):
     """What the policy needs to know about one request; never its content.
 
-    `engine_class` is the class of the deployment that would serve it; `prompt_bytes` the size
+    `engine_classes` are the classes of the deployments that could serve it (the router picks
+    one among those the policy allows); `prompt_bytes` the size
     of the prompt as received.  `stream` is carried for the limiter (`concurrent_streams` counts
     streams only) and for the audit; no rule depends on it yet.
     """
 
     model: str
-    engine_class: EngineClass
+    engine_classes: frozenset[EngineClass]
     max_tokens: int | None
     n: int
     prompt_bytes: int
@@ -165,3 +169,4 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     audit_level: AuditLevel
     policy_version: str
     engine_classes: frozenset[EngineClass] = frozenset()
+    priority: int = 0

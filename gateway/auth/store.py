@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import hashlib
 import hmac
 import logging
 import time
@@ -118,6 +119,10 @@ class KeyStore:
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
 
+
+    def derive(self, label: bytes) -> bytes:
+        """A secret of this deployment for another purpose: HMAC-SHA256(pepper, label)."""
+        return hmac.new(self._pepper, b"airgate-derive\0" + label, hashlib.sha256).digest()
     async def create(
         self,
         role: str,

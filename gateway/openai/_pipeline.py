@@ -1,8 +1,9 @@
 """What chat and completions share: OpenAI parameters -> engine requests, then running them.
 
-Running covers the things every endpoint must get right once: submitting (engine errors become
-HTTP errors before any byte is sent), merging several choices, metrics, the request's log facts,
-aborting the engine when the client goes away, and SSE framing.
+Running covers the things every endpoint must get right once: routing to a deployment and
+submitting (engine errors become HTTP errors before any byte is sent; a deployment that fails
+before the first token is retried once on another), merging several choices, metrics, the
+request's log facts, aborting the engine when the client goes away, and SSE framing.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Literal
 import msgspec
 from litestar import Request
 
+from backends import errors as engine_errors
 from backends.types import GenerationDelta, GenerationHandle, GenerationRequest, SamplingParams
 
 from ..auth import Principal
@@ -32,6 +34,7 @@ from ..gate import Admitted, admit
 from ..metrics import Metrics
 from ..registry import ServedModel
 from ..reqlog import RequestInfo
+from ..routing import Lease, Router
 from ..security import Security
 
 __all__ = [
@@ -119,8 +122,15 @@ def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
+def _deployment_failed(exc: BaseException) -> bool:
+    """The deployment's fault (retry elsewhere, count against its circuit), not the client's."""
+    if isinstance(exc, engine_errors.EngineError):
+        return isinstance(exc, engine_errors.EngineFailure | engine_errors.EngineNotReady)
+    return isinstance(exc, Exception)
+
+
 class Run:
-    """The engine side of one HTTP request: one handle per choice."""
+    """The engine side of one HTTP request: a deployment lease and one handle per choice."""
 
     @classmethod
     async def begin(
@@ -134,13 +144,15 @@ class Run:
         info: RequestInfo,
         metrics: Metrics,
         security: Security,
+        router: Router,
         principal: Principal,
         action: Literal["chat.completions", "completions"],
         prompt_param: str,
     ) -> Run:
-        """Admit the request (policy, limits, audit), then submit it to the engine.
+        """Admit the request (policy, limits, audit), route it, then submit it to the engine.
 
-        A request without max_tokens gets the policy's cap as its default."""
+        A request without max_tokens gets the policy's cap as its default; every request gets
+        its tenant's prefix-cache salt and the policy's priority."""
         info.model, info.stream = model.id, body.stream
         asked = requests[0].max_tokens if requests else None
         admitted = await admit(
@@ -150,7 +162,7 @@ class Run:
             action=action,
             route=request.url.path,
             model=model.id,
-            engine=model.engine.name,
+            engine_classes=model.engine_classes,
             max_tokens=asked,
             n=body.n,
             sequences=len(requests),
@@ -159,12 +171,26 @@ class Run:
             sampling=audit_sampling(body),
         )
         cap = admitted.effective_max_tokens
-        if cap is not None:
-            requests = [
-                r if r.max_tokens is not None else msgspec.structs.replace(r, max_tokens=cap)
-                for r in requests
-            ]
-        run = cls(model, info, metrics, prompt_param=prompt_param, admitted=admitted)
+        salt = security.cache_salt(principal)
+        priority = admitted.decision.priority
+        requests = [
+            msgspec.structs.replace(
+                r,
+                max_tokens=r.max_tokens if r.max_tokens is not None else cap,
+                cache_salt=salt,
+                priority=priority,
+            )
+            for r in requests
+        ]
+        run = cls(
+            model,
+            info,
+            metrics,
+            prompt_param=prompt_param,
+            admitted=admitted,
+            router=router,
+            team=principal.team or f"key:{principal.key_id}",
+        )
         await run.submit(requests)
         return run
 
@@ -176,28 +202,95 @@ class Run:
         *,
         prompt_param: str,
         admitted: Admitted,
+        router: Router,
+        team: str,
     ) -> None:
         self.prompt_param = prompt_param  # named by a context-length error
         self.admitted = admitted
         self.model = model
         self.info = info
         self.metrics = metrics
+        self.router = router
+        self.team = team
         self.handles: list[GenerationHandle] = []
+        self.requests: Sequence[GenerationRequest] = ()
+        self.lease: Lease | None = None
+        self._tried: frozenset[str] = frozenset()
         self.start = time.perf_counter()
-        self._labels = (model.id, model.engine.name)
+        self._labels = (model.id, "", "")
         info.model = model.id
 
+    @property
+    def deployment(self) -> str:
+        return self.lease.deployment.name if self.lease is not None else ""
+
     async def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        self.requests = requests
         try:
             with translate_engine_errors(self.prompt_param):
-                for req in requests:
-                    self.handles.append(await self.model.engine.submit(req))
+                await self._dispatch()
         except GatewayError as exc:
             self.info.error_code = exc.code or exc.type
-            self.cancel()
+            self._drop()
             await self.admitted.close(self.info, error=exc)
             raise
         self.info.prompt_tokens = sum(h.prompt_tokens for h in self.handles)
+
+    async def _dispatch(self) -> None:
+        """Route, then submit every sequence to the chosen deployment.  A deployment that
+        fails (or is full) at submission is left for another once; engine errors that are the
+        client's own propagate at once."""
+        while True:
+            lease = await self.router.acquire(
+                self.model,
+                allowed=self.admitted.decision.engine_classes,
+                team=self.team,
+                exclude=self._tried,
+            )
+            self._use(lease)
+            try:
+                engine = lease.deployment.engine
+                for req in self.requests:
+                    self.handles.append(await engine.submit(req))
+            except Exception as exc:
+                full = isinstance(exc, engine_errors.EngineOverloaded)
+                if not self._after_failure(exc, full=full):
+                    raise
+                continue
+            self.router.observe_overhead(self.info, lease)
+            return
+
+    def _use(self, lease: Lease) -> None:
+        self.lease = lease
+        self._tried |= {lease.deployment.name}
+        d = lease.deployment
+        self._labels = (self.model.id, d.engine.name, d.name)
+        self.info.deployment, self.info.route_reason = d.name, lease.reason
+        self.info.attempts += 1
+        self.admitted.routed(d.name, d.engine_class, lease.reason, self.info.attempts)
+
+    def _after_failure(self, exc: BaseException, *, full: bool = False) -> bool:
+        """Report a failure of the current deployment; whether to try another one."""
+        failed = _deployment_failed(exc)
+        if failed and self.lease is not None:
+            self.lease.failed()
+        self._drop()
+        retry = (
+            (failed or full)
+            and self.router.settings.retry
+            and self.info.attempts < 2
+            and len(self.model.deployments) > len(self._tried)
+        )
+        if retry:
+            self.router.retried(self.model.id)
+        return retry
+
+    def _drop(self) -> None:
+        """Abort what runs and give the lease back."""
+        self.cancel()
+        self.handles.clear()
+        if self.lease is not None:
+            self.lease.release()
 
     async def complete(self, response_bytes: int | None = None) -> None:
         """Audit the completion before the response's final bytes go out (strict mode: durable
@@ -211,26 +304,42 @@ class Run:
         for handle in self.handles:
             handle.cancel()
 
+    async def _attempts(self) -> AsyncIterator[tuple[int, GenerationDelta]]:
+        """The deltas of the current deployment; when it fails before anything was yielded,
+        those of one other deployment."""
+        while True:
+            yielded = False
+            try:
+                async for item in _merge(self.handles):
+                    if not yielded:
+                        yielded = True
+                        if self.lease is not None:
+                            self.lease.ok()
+                    yield item
+                return
+            except Exception as exc:
+                if yielded or not self._after_failure(exc):
+                    raise
+            await self._dispatch()  # raises the client's error if nothing else can serve
+
     async def deltas(self) -> AsyncIterator[tuple[int, GenerationDelta]]:
         """(choice index, delta) as they come; records metrics; aborts the engine on exit."""
-        labels = self._labels
-        ttft = self.metrics.ttft.labels(*labels)
-        itl = self.metrics.itl.labels(*labels)
         last = None
         completion = seen = 0
         finished = 0
         failed: BaseException | None = None
         try:
             with translate_engine_errors(self.prompt_param):
-                async for index, delta in _merge(self.handles):
+                async for index, delta in self._attempts():
+                    labels = self._labels
                     now = time.perf_counter()
                     if delta.n_tokens:
                         seen += delta.n_tokens
                         if last is None:
                             self.info.ttft_s = now - self.start
-                            ttft.observe(self.info.ttft_s)
+                            self.metrics.ttft.labels(*labels).observe(self.info.ttft_s)
                         else:
-                            itl.observe(now - last)
+                            self.metrics.itl.labels(*labels).observe(now - last)
                         last = now
                     if delta.finish_reason is not None:
                         finished += 1
@@ -245,11 +354,16 @@ class Run:
             raise
         finally:
             self.cancel()
+            if self.lease is not None:
+                if failed is None and finished == len(self.handles):
+                    self.lease.ok()
+                self.lease.release()
             if finished < len(self.handles) and failed is None:  # the client went away
                 completion = max(completion, seen)
                 if self.info.error_code is None:
                     self.info.error_code = "client_disconnected"
             self.info.completion_tokens = completion
+            labels = self._labels
             self.metrics.prompt_tokens.labels(*labels).inc(self.info.prompt_tokens or 0)
             self.metrics.generation_tokens.labels(*labels).inc(completion)
             if finished == len(self.handles):
@@ -259,7 +373,7 @@ class Run:
 
     async def collect(self, request: Request[Any, Any, Any]) -> list[list[GenerationDelta]]:
         """Every delta per choice; a client that disconnects meanwhile aborts the generation."""
-        per_choice: list[list[GenerationDelta]] = [[] for _ in self.handles]
+        per_choice: list[list[GenerationDelta]] = [[] for _ in self.requests]
 
         async def gather() -> None:
             async for index, delta in self.deltas():

@@ -18,6 +18,7 @@ from ..errors import InvalidRequest, UnsupportedParameter
 from ..metrics import Metrics
 from ..registry import ModelRegistry
 from ..reqlog import request_info
+from ..routing import Router
 from ..security import Security
 from . import types as t
 from ._decode import decode
@@ -107,6 +108,7 @@ async def chat_completions(
     models: NamedDependency[ModelRegistry],
     metrics: NamedDependency[Metrics],
     security: NamedDependency[Security],
+    router: NamedDependency[Router],
     principal: NamedDependency[Principal],
 ) -> Response[Any]:
     """Create a chat completion (OpenAI-compatible; streaming with `stream: true`)."""
@@ -124,6 +126,7 @@ async def chat_completions(
         info=info,
         metrics=metrics,
         security=security,
+        router=router,
         principal=principal,
         action="chat.completions",
         prompt_param="messages",

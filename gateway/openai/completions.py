@@ -18,6 +18,7 @@ from ..errors import InvalidRequest
 from ..metrics import Metrics
 from ..registry import ModelRegistry
 from ..reqlog import request_info
+from ..routing import Router
 from ..security import Security
 from . import types as t
 from ._decode import decode
@@ -108,6 +109,7 @@ async def completions(
     models: NamedDependency[ModelRegistry],
     metrics: NamedDependency[Metrics],
     security: NamedDependency[Security],
+    router: NamedDependency[Router],
     principal: NamedDependency[Principal],
 ) -> Response[Any]:
     """Create a text completion (OpenAI-compatible legacy API)."""
@@ -124,6 +126,7 @@ async def completions(
         info=info,
         metrics=metrics,
         security=security,
+        router=router,
         principal=principal,
         action="completions",
         prompt_param="prompt",

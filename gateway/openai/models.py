@@ -27,7 +27,7 @@ def _card(name: str, model: ServedModel) -> t.Model:
         id=name,
         created=model.created,
         owned_by="airgate",
-        max_model_len=model.engine.context_length,
+        max_model_len=model.context_length,
     )
 
 

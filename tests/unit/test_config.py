@@ -158,7 +158,7 @@ def test_unknown_key_in_file_is_named(tmp_path: Path, text: str, key: str) -> No
         ("[engine]\ncontext_length = 10\n", "engine.context_length"),
         ("server = 5\n", "server"),
         ('[[models]]\nid = "bad id"\nengine = "echo"\n', "models[0].id"),
-        ('[[models]]\nid = "m"\nengine = "vllm"\n', "models[0].engine"),
+        ('[[models]]\nid = "m"\nengine = "tgi"\n', "models[0].engine"),
     ],
 )
 def test_bad_value_names_the_key(tmp_path: Path, text: str, key: str) -> None:
@@ -206,19 +206,47 @@ def test_missing_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "models",
     [
-        '[[models]]\nid = "a"\nengine = "echo"\n[[models]]\nid = "a"\nengine = "echo"\n',
         '[[models]]\nid = "a"\nengine = "echo"\n[[models]]\nid = "b"\nengine = "echo"\n'
         'aliases = ["a"]\n',
         '[[models]]\nid = "a"\nengine = "echo"\naliases = ["x"]\n'
         '[[models]]\nid = "b"\nengine = "echo"\naliases = ["x"]\n',
         '[[models]]\nid = "a"\nengine = "echo"\naliases = ["a"]\n',
     ],
-    ids=["id-id", "alias-id", "alias-alias", "own-alias"],
+    ids=["alias-id", "alias-alias", "own-alias"],
 )
 def test_duplicate_model_id_or_alias(tmp_path: Path, models: str) -> None:
     path = _write(tmp_path, models)
-    with pytest.raises(ConfigError, match="declared twice"):
+    with pytest.raises(ConfigError, match=r"declared twice|declared for two models"):
         load_settings(path, environ=NO_ENV)
+
+
+def test_one_model_several_deployments_need_names(tmp_path: Path) -> None:
+    twice = '[[models]]\nid = "a"\nengine = "echo"\n[[models]]\nid = "a"\nengine = "echo"\n'
+    with pytest.raises(ConfigError, match="give each a `name`"):
+        load_settings(_write(tmp_path, twice), environ=NO_ENV)
+    named = (
+        '[[models]]\nid = "a"\nname = "a-gpu"\nengine = "echo"\nclass = "gpu"\n'
+        '[[models]]\nid = "a"\nname = "a-edge"\nengine = "echo"\nweight = 0.5\nmax_queue = 3\n'
+    )
+    settings = load_settings(_write(tmp_path, named), environ=NO_ENV)
+    gpu, edge = settings.models
+    assert (gpu.deployment, gpu.resolved_class) == ("a-gpu", "gpu")
+    assert (edge.deployment, edge.resolved_class, edge.weight, edge.max_queue) == (
+        "a-edge", "edge", 0.5, 3
+    )
+    same_name = named.replace('"a-edge"', '"a-gpu"')
+    with pytest.raises(ConfigError, match="deployment name 'a-gpu' is declared twice"):
+        load_settings(_write(tmp_path, same_name), environ=NO_ENV)
+
+
+def test_vllm_section_only_for_vllm(tmp_path: Path) -> None:
+    text = '[[models]]\nid = "a"\nengine = "echo"\n[models.vllm]\nmax_num_seqs = 4\n'
+    with pytest.raises(ConfigError, match="needs engine"):
+        load_settings(_write(tmp_path, text), environ=NO_ENV)
+    text = '[[models]]\nid = "a"\nengine = "vllm"\nbundle = "/b"\n[models.vllm]\nmax_num_seqs = 4\n'
+    (model,) = load_settings(_write(tmp_path, text), environ=NO_ENV).models
+    assert model.vllm is not None and model.vllm.max_num_seqs == 4
+    assert model.resolved_class == "gpu"
 
 
 @pytest.mark.parametrize(

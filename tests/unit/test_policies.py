@@ -88,7 +88,8 @@ def _ask(
     n: int = 1,
     prompt_bytes: int = 10,
 ) -> RequestFacts:
-    return RequestFacts(model, engine, max_tokens, n, prompt_bytes, True)  # type: ignore[arg-type]
+    classes = frozenset(engine.split("+"))
+    return RequestFacts(model, classes, max_tokens, n, prompt_bytes, True)  # type: ignore[arg-type]
 
 
 # (case, principal, request, allowed, code, rule, effective_max_tokens)
@@ -169,6 +170,15 @@ DECIDE_CASES = [
         _ask("llama-70b", "edge"),
         False,
         "engine_class_not_allowed",
+        "t/research",
+        8192,
+    ),
+    (
+        "one allowed class among the model's deployments suffices",
+        _who("research-nlp"),
+        _ask("llama-70b", "gpu+edge"),
+        True,
+        "allowed",
         "t/research",
         8192,
     ),
@@ -710,7 +720,9 @@ principals = st.builds(
 requests = st.builds(
     RequestFacts,
     model=st.sampled_from(MODELS),
-    engine_class=st.sampled_from(["gpu", "edge"]),
+    engine_classes=st.sampled_from(
+        [frozenset({"gpu"}), frozenset({"edge"}), frozenset({"gpu", "edge"})]
+    ),
     max_tokens=st.none() | st.integers(-5, 4000),
     n=st.integers(-1, 6),
     prompt_bytes=st.integers(0, 4000),
@@ -753,7 +765,7 @@ def test_decide_never_raises_and_allowed_respects_every_cap(
     assert can_use_model(policy, principal, request.model)
     assert any(fnmatchcase(request.model, g) for g in rule.models)
     assert not any(fnmatchcase(request.model, g) for g in rule.deny_models)
-    assert request.engine_class in rule.engine_classes
+    assert not request.engine_classes.isdisjoint(rule.engine_classes)
     if rule.max_tokens is not None:
         assert decision.effective_max_tokens is not None
         assert decision.effective_max_tokens <= rule.max_tokens
