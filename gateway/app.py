@@ -34,6 +34,7 @@ from .reqlog import RequestLogMiddleware
 from .routing import Router, RouterMetrics
 from .runtime import build_registry, start_engines, stop_engines
 from .security import Security, open_security
+from .telemetry import Telemetry
 
 __all__ = ["create_app"]
 
@@ -71,6 +72,7 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
     metrics = Metrics(models)
     router = Router(models, settings.routing)
     router.metrics = RouterMetrics(metrics.registry, models, router.queue_depth)
+    telemetry = Telemetry.start(settings.telemetry)  # a no-op unless an endpoint is set
     holder = SecurityHolder()
     metrics.watch(lambda: _access_gauges(holder))
     schema = openapi_document(_version())
@@ -111,6 +113,7 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await loading
             await stop_engines(models)
+            telemetry.shutdown()  # flushes the last spans
 
     app = Litestar(
         route_handlers=[
@@ -129,6 +132,7 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
             "models": Provide(lambda: models, use_cache=True, sync_to_thread=False),
             "metrics": Provide(lambda: metrics, use_cache=True, sync_to_thread=False),
             "router": Provide(lambda: router, use_cache=True, sync_to_thread=False),
+            "telemetry": Provide(lambda: telemetry, use_cache=True, sync_to_thread=False),
             "security": Provide(holder.get, sync_to_thread=False),
             "principal": Provide(_principal, sync_to_thread=False),
         },

@@ -113,8 +113,12 @@ def _airgate_version() -> str:
 
 def _validated_endpoint(settings: TelemetrySettings) -> str:
     endpoint = settings.otlp_endpoint
-    parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(endpoint)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # "http://[::1", a port that is not a number
+        usable = False
+    if not usable:
         raise TelemetryConfigError(
             "telemetry.otlp_endpoint must be an http:// or https:// URL of an OTLP/HTTP traces "
             "receiver, e.g. http://127.0.0.1:4318/v1/traces"

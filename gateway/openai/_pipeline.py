@@ -36,6 +36,7 @@ from ..registry import ServedModel
 from ..reqlog import RequestInfo
 from ..routing import Lease, Router
 from ..security import Security
+from ..telemetry import InferenceSpan, Telemetry
 
 __all__ = [
     "SSE_DONE",
@@ -145,6 +146,7 @@ class Run:
         metrics: Metrics,
         security: Security,
         router: Router,
+        telemetry: Telemetry,
         principal: Principal,
         action: Literal["chat.completions", "completions"],
         prompt_param: str,
@@ -155,21 +157,44 @@ class Run:
         its tenant's prefix-cache salt and the policy's priority."""
         info.model, info.stream = model.id, body.stream
         asked = requests[0].max_tokens if requests else None
-        admitted = await admit(
-            security,
-            principal,
-            info,
-            action=action,
-            route=request.url.path,
-            model=model.id,
-            engine_classes=model.engine_classes,
-            max_tokens=asked,
-            n=body.n,
-            sequences=len(requests),
-            prompt_bytes=len(raw),
-            stream=body.stream,
-            sampling=audit_sampling(body),
+        span = telemetry.inference_span(
+            "chat" if action == "chat.completions" else "text_completion",
+            model.id,
+            info.request_id,
+            traceparent=request.headers.get("traceparent"),
         )
+        if span.recording:
+            span.set_request(
+                max_tokens=asked,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                seed=body.seed,
+                frequency_penalty=body.frequency_penalty,
+                presence_penalty=body.presence_penalty,
+                n=body.n,
+                stream=body.stream,
+            )
+        try:
+            admitted = await admit(
+                security,
+                principal,
+                info,
+                action=action,
+                route=request.url.path,
+                model=model.id,
+                engine_classes=model.engine_classes,
+                max_tokens=asked,
+                n=body.n,
+                sequences=len(requests),
+                prompt_bytes=len(raw),
+                stream=body.stream,
+                sampling=audit_sampling(body),
+            )
+        except GatewayError as exc:
+            span.set_error(exc.code or exc.type)
+            span.__exit__(None, None, None)
+            raise
         cap = admitted.effective_max_tokens
         salt = security.cache_salt(principal)
         priority = admitted.decision.priority
@@ -190,6 +215,7 @@ class Run:
             admitted=admitted,
             router=router,
             team=principal.team or f"key:{principal.key_id}",
+            span=span,
         )
         await run.submit(requests)
         return run
@@ -204,6 +230,7 @@ class Run:
         admitted: Admitted,
         router: Router,
         team: str,
+        span: InferenceSpan,
     ) -> None:
         self.prompt_param = prompt_param  # named by a context-length error
         self.admitted = admitted
@@ -212,6 +239,7 @@ class Run:
         self.metrics = metrics
         self.router = router
         self.team = team
+        self.span = span
         self.handles: list[GenerationHandle] = []
         self.requests: Sequence[GenerationRequest] = ()
         self.lease: Lease | None = None
@@ -232,6 +260,7 @@ class Run:
         except GatewayError as exc:
             self.info.error_code = exc.code or exc.type
             self._drop()
+            self._end_span()
             await self.admitted.close(self.info, error=exc)
             raise
         self.info.prompt_tokens = sum(h.prompt_tokens for h in self.handles)
@@ -268,6 +297,12 @@ class Run:
         self.info.deployment, self.info.route_reason = d.name, lease.reason
         self.info.attempts += 1
         self.admitted.routed(d.name, d.engine_class, lease.reason, self.info.attempts)
+        self.span.set_route(
+            deployment=d.name,
+            engine=d.engine.name,
+            engine_class=d.engine_class,
+            reason=lease.reason,
+        )
 
     def _after_failure(self, exc: BaseException, *, full: bool = False) -> bool:
         """Report a failure of the current deployment; whether to try another one."""
@@ -368,8 +403,29 @@ class Run:
             self.metrics.generation_tokens.labels(*labels).inc(completion)
             if finished == len(self.handles):
                 self.metrics.e2e.labels(*labels).observe(time.perf_counter() - self.start)
+            self._end_span(finished, failed)
             if failed is not None or finished < len(self.handles):
                 await self.admitted.close(self.info, error=failed)  # else complete() closes
+
+    def _end_span(self, finished: int = 0, failed: BaseException | None = None) -> None:
+        """The trace span: usage, finish reason and the error code, if any (never text)."""
+        span, info = self.span, self.info
+        if not span.recording:
+            return
+        span.set_response(
+            prompt_tokens=info.prompt_tokens or 0,
+            completion_tokens=info.completion_tokens or 0,
+            finish_reasons=[info.finish_reason] if finished and info.finish_reason else [],
+            ttft_s=info.ttft_s,
+            response_model=self.model.id,
+        )
+        if isinstance(failed, GatewayError):
+            span.set_error(failed.code or failed.type)
+        elif failed is not None:
+            span.set_error("internal_error")
+        elif info.error_code is not None:
+            span.set_error(info.error_code)
+        span.__exit__(None, None, None)
 
     async def collect(self, request: Request[Any, Any, Any]) -> list[list[GenerationDelta]]:
         """Every delta per choice; a client that disconnects meanwhile aborts the generation."""

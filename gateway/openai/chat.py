@@ -20,6 +20,7 @@ from ..registry import ModelRegistry
 from ..reqlog import request_info
 from ..routing import Router
 from ..security import Security
+from ..telemetry import Telemetry
 from . import types as t
 from ._decode import decode
 from ._pipeline import (
@@ -109,6 +110,7 @@ async def chat_completions(
     metrics: NamedDependency[Metrics],
     security: NamedDependency[Security],
     router: NamedDependency[Router],
+    telemetry: NamedDependency[Telemetry],
     principal: NamedDependency[Principal],
 ) -> Response[Any]:
     """Create a chat completion (OpenAI-compatible; streaming with `stream: true`)."""
@@ -127,6 +129,7 @@ async def chat_completions(
         metrics=metrics,
         security=security,
         router=router,
+        telemetry=telemetry,
         principal=principal,
         action="chat.completions",
         prompt_param="messages",

@@ -20,6 +20,7 @@ from ..registry import ModelRegistry
 from ..reqlog import request_info
 from ..routing import Router
 from ..security import Security
+from ..telemetry import Telemetry
 from . import types as t
 from ._decode import decode
 from ._pipeline import (
@@ -110,6 +111,7 @@ async def completions(
     metrics: NamedDependency[Metrics],
     security: NamedDependency[Security],
     router: NamedDependency[Router],
+    telemetry: NamedDependency[Telemetry],
     principal: NamedDependency[Principal],
 ) -> Response[Any]:
     """Create a text completion (OpenAI-compatible legacy API)."""
@@ -127,6 +129,7 @@ async def completions(
         metrics=metrics,
         security=security,
         router=router,
+        telemetry=telemetry,
         principal=principal,
         action="completions",
         prompt_param="prompt",

@@ -15,16 +15,15 @@ Completions come from both raw HTTP and the `openai` SDK.
 After a graceful stop every sink is read back: each row of each SQLite table, each Redis key and
 value, the server's combined stdout/stderr log (every logger, and the engine's own output), every
 file under the data dir, TMPDIR, cwd (and files /dev/shm gained meanwhile), the audit export in
-all three formats (from the API before the stop, and offline after it) and the Prometheus
-exposition (`GET /metrics`, which a scraper would store).  The scan looks for `run` alone, so a
+all three formats (from the API before the stop, and offline after it), the Prometheus
+exposition (`GET /metrics`, which a scraper would store) and the OpenTelemetry traces the server
+exported (the raw OTLP protobuf bodies a real collector on loopback received).  The scan looks for `run` alone, so a
 copy that was lower-cased or re-escaped is still found, and for the text of every completion
 the server returned.
 
 A scanner that reads nothing would pass, so two tests prove it reads: a known request id and key
 id are found in every sink that must hold them, and canaries planted on purpose (a file in
 TMPDIR across a read-chunk boundary, a Redis key, a SQLite row) are all found.
-
-Not covered yet: OpenTelemetry spans (the gateway has no tracing so far).
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ import httpx
 import pytest
 import redis
 from openai import OpenAI
+from otlp_sink import OtlpSink
 from server_process import (
     MODEL,
     NO_END,
@@ -614,10 +614,13 @@ def run(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[R
     key_ids = {name: parse_api_key(k)[0] for name, k in {**keys, **team_keys}.items()}
     (root / "policy.toml").write_text(POLICY)
     config = root / "airgate.toml"
+    sink = OtlpSink()  # the traces the server exports, as a collector would keep them
+    sink.__enter__()
     config.write_text(
         f"[server]\nmax_request_bytes = {MAX_BODY}\n\n"
         f'[limits]\nredis_url = "redis://{REDIS_HOST}:{REDIS_PORT}/0"\n\n'
-        f"[policy]\npath = {json.dumps(str(root / 'policy.toml'))}\n"
+        f"[policy]\npath = {json.dumps(str(root / 'policy.toml'))}\n\n"
+        f'[telemetry]\notlp_endpoint = "{sink.endpoint}"\n'
     )
     tmpdir, cwd = root / "tmpdir", root / "cwd"
     tmpdir.mkdir()
@@ -646,11 +649,13 @@ def run(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[R
                 traffic = Driver(server, canaries, {**keys, **team_keys}, http, sdk).run()
             exports = handed_out(server, keys)
         finally:
-            stop_and_check(server)
+            stop_and_check(server)  # the last spans are flushed at shutdown
+        exports["otlp traces (raw protobuf at the collector)"] = sink.raw_bytes()
         snapshot = redis_snapshot(client)
         exports.update(asyncio.run(offline_exports(data_dir)))
         yield Run(server, tmpdir, cwd, started, canaries, traffic, key_ids, exports, snapshot)
     finally:
+        sink.__exit__(None, None, None)
         for key_id in key_ids.values():
             for key in client.scan_iter(match=f"airgate:rl:{{{key_id}}}*"):
                 client.delete(key)
@@ -790,6 +795,7 @@ def test_the_scan_reads_every_sink(run: Run) -> None:
         for origin in ("api", "offline"):
             assert f"audit export ({origin} {fmt})" in sinks, sinks
     assert any(s.startswith("data dir file airgate.db") for s in sinks), sinks
+    assert "otlp traces (raw protobuf at the collector)" in sinks, sinks  # spans did arrive
     assert b"vllm:num_requests_running" in run.exports["metrics exposition (GET /metrics)"]
     # the server kept its limits in this Redis (team "burst": a request TAT, keyed by key id)
     redis_hits = [h for h in hits if h.startswith("redis ") and h.endswith(": key id")]
