@@ -50,3 +50,12 @@ async def create_keys(settings: Settings, roles: Sequence[str]) -> dict[str, str
 def seeded_data_dir(tmp_path: Path, model_dir: Path) -> Path:
     """A fresh data dir that already holds the sealed default bundle and its keys."""
     return seed_data_dir(tmp_path / "data", model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight Llama with a trained BPE tokenizer (tests/tiny_llama.py), built once
+    per session: a safetensors model directory for the vLLM engine tests."""
+    from tiny_llama import make_tiny_llama  # tests/ is on sys.path; imports torch, so lazily
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))

@@ -1,0 +1,70 @@
+"""GenerationRequest -> keyword arguments of vLLM's `SamplingParams` (pure: no vLLM import).
+
+The engine adds `output_kind=RequestOutputKind.DELTA` and builds the object; everything that
+decides *what* vLLM samples is here, so it is testable without a model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ContextLengthExceeded
+from ..types import GenerationRequest
+
+__all__ = ["resolve_max_tokens", "sampling_kwargs"]
+
+# vLLM raises temperatures in (0, 0.01) to 0.01 and logs a warning for every such request;
+# doing it here keeps the log quiet and the behaviour the same.
+_MIN_TEMPERATURE = 0.01
+
+
+def resolve_max_tokens(
+    request: GenerationRequest, *, prompt_tokens: int, context_length: int
+) -> int:
+    """Tokens to generate at most: the request's `max_tokens`, or the rest of the context.
+
+    vLLM's own default is 16 tokens, so the value is always explicit.  A request whose prompt
+    plus completion (at least one token) does not fit raises `ContextLengthExceeded`.
+    """
+    wanted = request.max_tokens
+    max_tokens = max(1, context_length - prompt_tokens if wanted is None else wanted)
+    if prompt_tokens + max_tokens > context_length:
+        raise ContextLengthExceeded(
+            prompt_tokens=prompt_tokens, max_tokens=max_tokens, context_length=context_length
+        )
+    return max_tokens
+
+
+def sampling_kwargs(
+    request: GenerationRequest, *, prompt_tokens: int, context_length: int
+) -> dict[str, Any]:
+    """`SamplingParams(**kwargs)` for one request (one sequence, text detokenised by vLLM)."""
+    s = request.sampling
+    temperature = 0.0 if s.greedy else max(s.temperature, _MIN_TEMPERATURE)
+    stops = [stop for stop in request.stop if stop]
+    prompt_logprobs = None
+    if request.echo_prompt and request.logprobs is not None:
+        # Our `logprobs: N` means the chosen token plus N alternatives, which is vLLM's meaning
+        # too; prompt positions get the same N.
+        prompt_logprobs = request.logprobs
+    return {
+        "n": 1,
+        "temperature": temperature,
+        "top_p": s.top_p,
+        "top_k": max(s.top_k, 0),  # 0 is "off" for both of us (vLLM also reads -1 as off)
+        "min_p": s.min_p,
+        "seed": s.seed,
+        "repetition_penalty": s.repetition_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "logit_bias": dict(s.logit_bias) or None,
+        "stop": stops or None,  # vLLM removes a matched stop string from the output
+        "include_stop_str_in_output": False,
+        "max_tokens": resolve_max_tokens(
+            request, prompt_tokens=prompt_tokens, context_length=context_length
+        ),
+        "logprobs": request.logprobs,
+        "prompt_logprobs": prompt_logprobs,
+        "detokenize": True,
+        "skip_special_tokens": True,
+    }
