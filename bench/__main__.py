@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from bench import access, bundles, edge
+from bench import access, bundles, edge, vllm_peer
 from bench._client import BenchError
 from bench._report import REPO_ROOT, write_section
 
@@ -29,7 +29,12 @@ class Scenario(Protocol):
     def run(self, args: argparse.Namespace) -> str: ...
 
 
-SCENARIOS: dict[str, Scenario] = {edge.NAME: edge, bundles.NAME: bundles, access.NAME: access}
+SCENARIOS: dict[str, Scenario] = {
+    edge.NAME: edge,
+    bundles.NAME: bundles,
+    access.NAME: access,
+    vllm_peer.NAME: vllm_peer,
+}
 
 
 def _default_cache_dir() -> Path:

@@ -21,7 +21,15 @@ from typing import Any
 import httpx
 import msgspec
 
-__all__ = ["BenchError", "LoadError", "LoadResult", "RequestResult", "run_load", "wait_ready"]
+__all__ = [
+    "BenchError",
+    "LoadError",
+    "LoadResult",
+    "RequestResult",
+    "check_lengths",
+    "run_load",
+    "wait_ready",
+]
 
 
 class BenchError(Exception):
@@ -194,6 +202,17 @@ async def run_load(
         ) from failed
     wall = time.perf_counter() - start
     return LoadResult(concurrency=concurrency, wall_s=wall, requests=tuple(results))
+
+
+def check_lengths(where: str, results: Sequence[RequestResult], max_tokens: int) -> None:
+    """Raise BenchError unless every request generated exactly ``max_tokens`` tokens (usage)."""
+    short = [r for r in results if r.completion_tokens != max_tokens]
+    if short:
+        seen = sorted({(r.completion_tokens, r.finish_reason) for r in short}, key=str)
+        raise BenchError(
+            f"{where}: {len(short)}/{len(results)} requests did not generate {max_tokens} tokens "
+            f"(tokens, finish_reason: {seen}); is logit_bias honoured?"
+        )
 
 
 async def wait_ready(

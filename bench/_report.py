@@ -16,6 +16,7 @@ import platform
 import re
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ __all__ = [
     "markdown_table",
     "percentile",
     "replace_section",
+    "say",
     "write_section",
 ]
 
@@ -209,6 +211,11 @@ def foreign_cpu_share(before: CpuSample | None, after: CpuSample | None) -> floa
     foreign = (after.busy_s - before.busy_s) - (after.own_s - before.own_s)
     capacity = (after.wall_s - before.wall_s) * (os.cpu_count() or 1)
     return max(0.0, foreign / capacity)
+
+
+def say(message: str) -> None:
+    """A progress line on stderr (stdout carries the report)."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def _markers(name: str) -> tuple[str, str]:

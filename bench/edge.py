@@ -27,26 +27,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import importlib.util
 import os
 import random
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import msgspec
 
-from bench._client import BenchError, LoadError, LoadResult, RequestResult, run_load, wait_ready
+from bench._client import (
+    BenchError,
+    LoadError,
+    LoadResult,
+    RequestResult,
+    check_lengths,
+    run_load,
+    wait_ready,
+)
 from bench._report import (
     REPO_ROOT,
     Spread,
@@ -55,7 +60,9 @@ from bench._report import (
     foreign_cpu_share,
     markdown_table,
     percentile,
+    say,
 )
+from bench._serve import create_api_key, free_port, serve_command, spawned, tail
 
 NAME = "edge"
 
@@ -118,16 +125,6 @@ def _body(prompt: str, model: str) -> dict[str, Any]:
 def requests_at(concurrency: int, quick: bool) -> int:
     """Requests per batch: two waves at full concurrency (one in --quick), at least 8 (2)."""
     return max(2, concurrency) if quick else max(8, 2 * concurrency)
-
-
-def _check_lengths(where: str, results: Sequence[RequestResult]) -> None:
-    short = [r for r in results if r.completion_tokens != MAX_TOKENS]
-    if short:
-        seen = sorted({(r.completion_tokens, r.finish_reason) for r in short}, key=str)
-        raise BenchError(
-            f"{where}: {len(short)}/{len(results)} requests did not generate {MAX_TOKENS} tokens "
-            f"(tokens, finish_reason: {seen}); is logit_bias honoured?"
-        )
 
 
 # --- raw llama-cpp-python baseline (separate process) -------------------------------------
@@ -232,87 +229,6 @@ def ensure_model(cache_dir: Path) -> Path:
 # --- the gateway under test ---------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _serve_command() -> list[str]:
-    script = Path(sys.executable).with_name("airgate")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway"]
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server's process group, SIGKILL after a grace period."""
-    for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-@contextlib.contextmanager
-def spawned(
-    command: Sequence[str], env: dict[str, str], log_path: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A subprocess in its own process group, output to ``log_path``, always stopped on exit."""
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            list(command),
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            yield proc
-        finally:
-            _stop(proc)
-
-
-def _config_arg(server_args: Sequence[str]) -> str | None:
-    """The ``--config``/``-c`` file among the extra ``airgate serve`` arguments, if any."""
-    for i, arg in enumerate(server_args):
-        if arg in ("--config", "-c") and i + 1 < len(server_args):
-            return server_args[i + 1]
-        if arg.startswith("--config="):
-            return arg.partition("=")[2]
-    return None
-
-
-def create_api_key(data_dir: Path, env: Mapping[str, str], server_args: Sequence[str]) -> str:
-    """A new app key in the database the server is about to open: settings are read as
-    ``airgate serve`` will read them (its environment, ``--config``, ``--data-dir``)."""
-    # Imported here: the raw baseline's process imports this module and needs no gateway.
-    from gateway.config import load_settings
-    from gateway.keys import key_store
-
-    settings = load_settings(
-        _config_arg(server_args), environ=env, overrides={"data_dir": str(data_dir)}
-    )
-
-    async def create() -> str:
-        async with key_store(settings) as store:
-            key, _ = await store.create("app", name="bench-edge", created_by="bench")
-            return key
-
-    return asyncio.run(create())
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 class GatewayOutcome(msgspec.Struct, frozen=True, kw_only=True):
     ready_s: float
     levels: list[LoadResult]
@@ -339,12 +255,12 @@ async def _drive(
                     "--api-key or AIRGATE_BENCH_API_KEY, or leave both unset to have one created"
                 ) from exc
             raise
-        _check_lengths("gateway warm-up", warmup.requests)
+        check_lengths("gateway warm-up", warmup.requests, MAX_TOKENS)
         levels = []
         for level in LEVELS:
             bodies = [_body(p, model) for p in prompts[level]]
             result = await run_load(client, "/v1/completions", bodies, level)
-            _check_lengths(f"gateway at concurrency {level}", result.requests)
+            check_lengths(f"gateway at concurrency {level}", result.requests, MAX_TOKENS)
             levels.append(result)
     return GatewayOutcome(ready_s=ready_s, levels=levels)
 
@@ -353,14 +269,14 @@ def run_gateway(
     args: argparse.Namespace, prompts: dict[int, list[str]], log_path: Path
 ) -> GatewayOutcome:
     """Start ``airgate serve``, drive every level, stop it."""
-    port = _free_port()
+    port = free_port()
     data_dir = args.cache_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    command = [*_serve_command(), "serve", "--port", str(port), "--data-dir", str(data_dir)]
+    command = [*serve_command(), "serve", "--port", str(port), "--data-dir", str(data_dir)]
     command += args.server_arg
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(OWN_ENV_PREFIX)}
     env = {**inherited, **server_env(args)}
-    api_key = args.api_key or create_api_key(data_dir, env, args.server_arg)
+    api_key = args.api_key or create_api_key(data_dir, env, args.server_arg, name="bench-edge")
     with spawned(command, env, log_path) as proc:
         try:
             return asyncio.run(
@@ -374,7 +290,7 @@ def run_gateway(
                 )
             )
         except BenchError as exc:
-            raise BenchError(f"{exc}\n--- last lines of {log_path} ---\n{_tail(log_path)}") from exc
+            raise BenchError(f"{exc}\n--- last lines of {log_path} ---\n{tail(log_path)}") from exc
 
 
 def server_env(args: argparse.Namespace) -> dict[str, str]:
@@ -457,17 +373,17 @@ def run(args: argparse.Namespace) -> str:
                 f"{discarded} runs discarded: other processes kept more than "
                 f"{args.max_foreign_load:.0%} of the CPUs busy; run on a quiet machine"
             )
-        _say(f"run {len(kept) + 1}/{runs}:")
+        say(f"run {len(kept) + 1}/{runs}:")
         result = _one_run(args, attempt, model_path, raw_log, server_log)
         attempt += 1
         if result.foreign_share > args.max_foreign_load:
             discarded += 1
-            _say(f"  discarded: other processes used {result.foreign_share:.0%} of the CPUs")
+            say(f"  discarded: other processes used {result.foreign_share:.0%} of the CPUs")
             continue
         kept.append(result)
     dump = logs / "edge-results.json"
     dump.write_bytes(msgspec.json.encode(kept))
-    _say(f"per-request results: {dump}")
+    say(f"per-request results: {dump}")
     return render(args, kept, discarded)
 
 
@@ -493,18 +409,14 @@ def _one_run(
         prompts=prompts[1],
     )
     raw = run_raw(job, raw_log)
-    _check_lengths("raw baseline", raw.result.requests)
-    _say(f"  raw llama-cpp-python: {raw.result.tokens_per_s:.1f} tok/s")
+    check_lengths("raw baseline", raw.result.requests, MAX_TOKENS)
+    say(f"  raw llama-cpp-python: {raw.result.tokens_per_s:.1f} tok/s")
     gateway = run_gateway(args, prompts, server_log)
     for level in gateway.levels:
-        _say(f"  airgate at concurrency {level.concurrency}: {level.tokens_per_s:.1f} tok/s")
+        say(f"  airgate at concurrency {level.concurrency}: {level.tokens_per_s:.1f} tok/s")
     # Both children have exited and been reaped: their CPU time now counts as ours.
     share = foreign_cpu_share(before, cpu_sample())
     return EdgeRun(raw=raw, gateway=gateway, foreign_share=share)
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def _row(path: str, results: Sequence[LoadResult]) -> list[str]:

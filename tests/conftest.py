@@ -54,8 +54,8 @@ def seeded_data_dir(tmp_path: Path, model_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random-weight Llama with a trained BPE tokenizer (tests/tiny_llama.py), built once
-    per session: a safetensors model directory for the vLLM engine tests."""
-    from tiny_llama import make_tiny_llama  # tests/ is on sys.path; imports torch, so lazily
+    """A tiny random-weight Llama with a trained BPE tokenizer (bench/llama_model.py at its
+    default shape), built once per session: a safetensors model directory for the vLLM tests."""
+    from bench.llama_model import make_llama  # imports torch: only when a test needs it
 
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    return make_llama(tmp_path_factory.mktemp("tiny-llama"))

@@ -17,9 +17,9 @@ value, the server's combined stdout/stderr log (every logger, and the engine's o
 file under the data dir, TMPDIR, cwd (and files /dev/shm gained meanwhile), the audit export in
 all three formats (from the API before the stop, and offline after it), the Prometheus
 exposition (`GET /metrics`, which a scraper would store) and the OpenTelemetry traces the server
-exported (the raw OTLP protobuf bodies a real collector on loopback received).  The scan looks for `run` alone, so a
-copy that was lower-cased or re-escaped is still found, and for the text of every completion
-the server returned.
+exported (the raw OTLP protobuf bodies a real collector on loopback received).  The scan looks
+for `run` alone, so a copy that was lower-cased or re-escaped is still found, and for the text
+of every completion the server returned.
 
 A scanner that reads nothing would pass, so two tests prove it reads: a known request id and key
 id are found in every sink that must hold them, and canaries planted on purpose (a file in
