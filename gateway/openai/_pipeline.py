@@ -360,6 +360,7 @@ class Run:
     async def deltas(self) -> AsyncIterator[tuple[int, GenerationDelta]]:
         """(choice index, delta) as they come; records metrics; aborts the engine on exit."""
         last = None
+        itl: Any = None  # the histogram child, once the deployment is settled (first token)
         completion = seen = 0
         finished = 0
         failed: BaseException | None = None
@@ -373,8 +374,9 @@ class Run:
                         if last is None:
                             self.info.ttft_s = now - self.start
                             self.metrics.ttft.labels(*labels).observe(self.info.ttft_s)
+                            itl = self.metrics.itl.labels(*labels)
                         else:
-                            self.metrics.itl.labels(*labels).observe(now - last)
+                            itl.observe(now - last)
                         last = now
                     if delta.finish_reason is not None:
                         finished += 1
