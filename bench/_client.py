@@ -14,6 +14,7 @@ Errors::
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -27,7 +28,9 @@ __all__ = [
     "LoadResult",
     "RequestResult",
     "check_lengths",
+    "completion_body",
     "run_load",
+    "synthetic_prompts",
     "wait_ready",
 ]
 
@@ -238,3 +241,28 @@ async def wait_ready(
         if time.monotonic() - start > deadline_s:
             raise BenchError(f"server not ready after {deadline_s:.0f} s")
         await asyncio.sleep(0.2)
+
+
+def synthetic_prompts(seed: str, words: Sequence[str], length: int, count: int) -> list[str]:
+    """`count` deterministic prompts of `length` words drawn from `words`, one sentence each;
+    distinct seeds give distinct prompts (so no engine reuses a cached prefix)."""
+    rng = random.Random(seed)
+    return [
+        " ".join(rng.choice(words) for _ in range(length)).capitalize() + "." for _ in range(count)
+    ]
+
+
+def completion_body(
+    model: str, prompt: str, max_tokens: int, banned: Sequence[int]
+) -> dict[str, Any]:
+    """A streamed, greedy `/v1/completions` body that must run to `max_tokens` (the `banned`
+    end tokens get a logit bias of -100) and reports its usage."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logit_bias": {str(token): -100 for token in banned},
+    }

@@ -30,7 +30,6 @@ import asyncio
 import importlib
 import importlib.util
 import os
-import random
 import shlex
 import subprocess
 import sys
@@ -49,7 +48,9 @@ from bench._client import (
     LoadResult,
     RequestResult,
     check_lengths,
+    completion_body,
     run_load,
+    synthetic_prompts,
     wait_ready,
 )
 from bench._report import (
@@ -103,23 +104,11 @@ _WORDS = tuple(_WORD_TEXT.split())
 
 def make_prompts(run: int, phase: int, count: int) -> list[str]:
     """Deterministic synthetic prompts, distinct across runs, phases and requests."""
-    rng = random.Random(f"edge/{run}/{phase}")
-    return [
-        " ".join(rng.choice(_WORDS) for _ in range(PROMPT_WORDS)).capitalize() + "."
-        for _ in range(count)
-    ]
+    return synthetic_prompts(f"edge/{run}/{phase}", _WORDS, PROMPT_WORDS, count)
 
 
 def _body(prompt: str, model: str) -> dict[str, Any]:
-    return {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "logit_bias": {str(token): -100 for token in BANNED_TOKENS},
-    }
+    return completion_body(model, prompt, MAX_TOKENS, BANNED_TOKENS)
 
 
 def requests_at(concurrency: int, quick: bool) -> int:

@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -40,7 +39,15 @@ from typing import Any, Literal
 import httpx
 import msgspec
 
-from bench._client import BenchError, LoadResult, check_lengths, run_load, wait_ready
+from bench._client import (
+    BenchError,
+    LoadResult,
+    check_lengths,
+    completion_body,
+    run_load,
+    synthetic_prompts,
+    wait_ready,
+)
 from bench._report import (
     REPO_ROOT,
     Spread,
@@ -158,11 +165,7 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
 def make_prompts(run: int, phase: int, count: int) -> list[str]:
     """Deterministic prompts from the tokenizer's own words (about one token each), distinct
     across runs, phases and requests."""
-    rng = random.Random(f"vllm/{run}/{phase}")
-    return [
-        " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS)).capitalize() + "."
-        for _ in range(count)
-    ]
+    return synthetic_prompts(f"vllm/{run}/{phase}", WORDS, PROMPT_WORDS, count)
 
 
 def banned_tokens(model_dir: Path) -> list[int]:
@@ -178,15 +181,7 @@ def banned_tokens(model_dir: Path) -> list[int]:
 
 
 def _body(prompt: str, banned: Sequence[int]) -> dict[str, Any]:
-    return {
-        "model": MODEL_ID,
-        "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "logit_bias": {str(token): -100 for token in banned},
-    }
+    return completion_body(MODEL_ID, prompt, MAX_TOKENS, banned)
 
 
 # --- one server, driven -------------------------------------------------------------------
