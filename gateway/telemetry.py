@@ -250,11 +250,17 @@ class InferenceSpan:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc_type is not None and not self._error and self._attrs is not None:
+            self.set_error(exc_type.__name__)
+        self.end()
+
+    def end(self) -> None:
+        """End the span (for a span whose life is not one `with` block); later calls do
+        nothing."""
         span, attrs = self._span, self._attrs
         if span is None or attrs is None:
             return
-        if exc_type is not None and not self._error:
-            self.set_error(exc_type.__name__)
+        self._span = None
         span.set_attributes(attrs)
         if self._error:
             span.set_status(Status(StatusCode.ERROR))

@@ -193,7 +193,7 @@ class Run:
             )
         except GatewayError as exc:
             span.set_error(exc.code or exc.type)
-            span.__exit__(None, None, None)
+            span.end()
             raise
         cap = admitted.effective_max_tokens
         salt = security.cache_salt(principal)
@@ -427,7 +427,7 @@ class Run:
             span.set_error("internal_error")
         elif info.error_code is not None:
             span.set_error(info.error_code)
-        span.__exit__(None, None, None)
+        span.end()
 
     async def collect(self, request: Request[Any, Any, Any]) -> list[list[GenerationDelta]]:
         """Every delta per choice; a client that disconnects meanwhile aborts the generation."""
