@@ -12,19 +12,19 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from litestar import Litestar, Request, Response, get
+from litestar import Litestar, Response, get
 from litestar.datastructures import State
 from litestar.di import Provide
 
 from .admin import admin_router
 from .audit import AuditEvent, new_event_id
-from .auth import Principal
 from .compliance import compliance_router
 from .config import Settings
-from .errors import Unauthenticated, exception_handlers
+from .errors import exception_handlers
 from .health import health, metrics_route, ready
-from .identity import AuthMiddleware, SecurityHolder, principal_of
+from .identity import AuthMiddleware, SecurityHolder
 from .metrics import Metrics
+from .openai._pipeline import Services, caller
 from .openai.chat import chat_completions
 from .openai.completions import completions
 from .openai.models import get_model, list_models
@@ -61,13 +61,6 @@ def create_app(
     return _build(settings, models, security)
 
 
-def _principal(request: Request[Any, Any, Any]) -> Principal:
-    principal = principal_of(request.scope)
-    if principal is None:  # the auth middleware guarantees one on every non-public route
-        raise Unauthenticated("authentication failed: send a valid API key as a bearer token")
-    return principal
-
-
 def _build(settings: Settings, models: ModelRegistry, given: Security | None) -> Litestar:
     metrics = Metrics(models)
     router = Router(models, settings.routing)
@@ -76,6 +69,7 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
     holder = SecurityHolder()
     metrics.watch(lambda: _access_gauges(holder))
     schema = openapi_document(_version())
+    inference = Services(models, metrics, router, telemetry, holder)
 
     @get("/openapi.json", include_in_schema=False)
     async def openapi() -> Response[Any]:
@@ -134,7 +128,8 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
             "router": Provide(lambda: router, use_cache=True, sync_to_thread=False),
             "telemetry": Provide(lambda: telemetry, use_cache=True, sync_to_thread=False),
             "security": Provide(holder.get, sync_to_thread=False),
-            "principal": Provide(_principal, sync_to_thread=False),
+            "principal": Provide(caller, sync_to_thread=False),
+            "inference": Provide(lambda: inference, use_cache=True, sync_to_thread=False),
         },
         exception_handlers=exception_handlers,
         lifespan=[access, engines],

@@ -146,6 +146,15 @@ class ServiceUnavailable(GatewayError):
     code = "service_unavailable"
 
 
+class ClientClosedRequest(GatewayError):
+    """The client went away before its answer was ready (nginx's 499): nobody reads this
+    response, but the request log and the metrics show why the request ended."""
+
+    status_code = 499
+    type = "invalid_request_error"
+    code = "client_disconnected"
+
+
 class InternalError(GatewayError):
     code = "internal_error"
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import policies
-from policies import Decision, RequestFacts, decide
+from policies import Decision, RequestFacts
 
 from .audit import AuditEvent, AuditPrincipal, new_event_id
 from .auth import Principal
@@ -169,8 +169,9 @@ async def admit(
         prompt_bytes=prompt_bytes,
         stream=stream,
     )
-    policy = security.policy.current
-    decision = decide(policy, _policy_principal(principal), facts)
+    judge = security.policy.judge
+    policy = judge.policy
+    decision = judge.decide(_policy_principal(principal), facts)
     base: dict[str, Any] = {
         "request_id": info.request_id,
         "principal": audit_principal(principal),

@@ -10,16 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .loop_metrics import LoopCounter, LoopHistogram
 from .registry import ModelRegistry
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
@@ -90,40 +85,40 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call] # as vLLM does: `_created` series only add cardinality
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             "vllm:time_to_first_token_seconds",
             "Time to first token",
             _LABELS,
             registry=r,
             buckets=_TTFT_BUCKETS,
         )
-        self.itl = Histogram(
+        self.itl = LoopHistogram(
             "vllm:inter_token_latency_seconds",
             "Time between streamed tokens",
             _LABELS,
             registry=r,
             buckets=_ITL_BUCKETS,
         )
-        self.e2e = Histogram(
+        self.e2e = LoopHistogram(
             "vllm:e2e_request_latency_seconds",
             "Request latency",
             _LABELS,
             registry=r,
             buckets=_E2E_BUCKETS,
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = LoopCounter(
             "vllm:prompt_tokens", "Prompt tokens processed", _LABELS, registry=r
         )
-        self.generation_tokens = Counter(
+        self.generation_tokens = LoopCounter(
             "vllm:generation_tokens", "Tokens generated", _LABELS, registry=r
         )
-        self.request_success = Counter(
+        self.request_success = LoopCounter(
             "vllm:request_success",
             "Finished requests by finish reason",
             (*_LABELS, "finished_reason"),
             registry=r,
         )
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "airgate_requests", "HTTP requests by route and status", ("route", "status"), registry=r
         )
         r.register(_EngineCollector(models))

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bundles import create_signing_key, load_signing_key
-from policies import PolicyError, PolicySet, load_default_policy, load_policy_dir
+from policies import Judge, PolicyError, PolicySet, load_default_policy, load_policy_dir
 
 from .audit import AuditEvent, AuditUnavailable, AuditWriter
 from .auth import (
@@ -60,11 +60,20 @@ def audit_signing_key(settings: Settings) -> Ed25519PrivateKey:
 
 
 class PolicyHolder:
-    """The policy in force.  `reload()` swaps in a new set only if it loads cleanly."""
+    """The policy in force, and its `Judge` (decisions memoised per principal and model).
+    `reload()` swaps in a new set only if it loads cleanly."""
 
     def __init__(self, settings: Settings) -> None:
         self._path = settings.policy.path
-        self.current: PolicySet = self._load()
+        self.judge = Judge(self._load())
+
+    @property
+    def current(self) -> PolicySet:
+        return self.judge.policy
+
+    @current.setter
+    def current(self, policy: PolicySet) -> None:
+        self.judge = Judge(policy)  # one swap: a request sees the old judge or the new one
 
     def _load(self) -> PolicySet:
         return load_policy_dir(self._path) if self._path else load_default_policy()

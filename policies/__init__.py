@@ -14,7 +14,7 @@ Errors (only loading raises; `decide` returns denials as decisions):
                          file and the key (`team-a.toml: rules[2].max_tokens: Expected int >= 1`)
 """
 
-from .decide import can_use_model, decide, matching_rule
+from .decide import Judge, can_use_model, decide, matching_rule
 from .errors import PolicyError
 from .lint import lint
 from .loader import load_default_policy, load_policy_dir, loads_policy, policy_set
@@ -39,6 +39,7 @@ __all__ = [
     "Decision",
     "DecisionCode",
     "EngineClass",
+    "Judge",
     "Limits",
     "PolicyDocument",
     "PolicyError",

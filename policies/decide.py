@@ -29,9 +29,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from fnmatch import fnmatchcase
 
-from .types import Decision, DecisionCode, Limits, PolicySet, Principal, RequestFacts, Rule
+import msgspec
 
-__all__ = ["can_use_model", "decide", "matching_rule", "rule_matches"]
+from .types import (
+    Decision,
+    DecisionCode,
+    EngineClass,
+    Limits,
+    PolicySet,
+    Principal,
+    RequestFacts,
+    Rule,
+)
+
+__all__ = ["Judge", "can_use_model", "decide", "matching_rule", "rule_matches"]
 
 _NO_LIMITS = Limits()
 
@@ -72,15 +83,54 @@ def can_use_model(policy: PolicySet, principal: Principal, model: str) -> bool:
     return found is not None and _model_allowed(found[1], model)
 
 
-def _refusal(rule: Rule, request: RequestFacts) -> tuple[DecisionCode, str] | None:
-    """(code, message) of the first check `request` fails under `rule`, None if it passes."""
-    if not _model_allowed(rule, request.model):
-        return "model_not_allowed", "this API key may not use the requested model"
-    if request.engine_classes.isdisjoint(rule.engine_classes):
-        return (
+class _Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    """What `decide` concludes from (principal, model, engine classes) alone: the rule scan and
+    the model globs.  The per-request caps (max_tokens, n, prompt size) are checked after."""
+
+    rule_name: str | None
+    rule: Rule | None
+    refusal: tuple[DecisionCode, str] | None  # model or engine class refused
+    limits: Limits
+    engine_classes: frozenset[EngineClass]
+
+
+def _verdict(
+    policy: PolicySet, principal: Principal, model: str, engine_classes: frozenset[EngineClass]
+) -> _Verdict:
+    found = matching_rule(policy, principal)
+    if found is None:
+        return _Verdict(
+            rule_name=None,
+            rule=None,
+            refusal=("no_matching_rule", "no policy rule grants this API key access"),
+            limits=_NO_LIMITS,
+            engine_classes=frozenset(),
+        )
+    name, rule = found
+    refusal: tuple[DecisionCode, str] | None = None
+    if not _model_allowed(rule, model):
+        refusal = "model_not_allowed", "this API key may not use the requested model"
+    elif engine_classes.isdisjoint(rule.engine_classes):
+        refusal = (
             "engine_class_not_allowed",
             "this API key may not be served by the engines that serve this model",
         )
+    return _Verdict(
+        rule_name=name,
+        rule=rule,
+        refusal=refusal,
+        limits=Limits(
+            requests_per_minute=rule.requests_per_minute,
+            tokens_per_minute=rule.tokens_per_minute,
+            concurrent_streams=rule.concurrent_streams,
+            max_tokens=rule.max_tokens,
+        ),
+        engine_classes=frozenset(rule.engine_classes),
+    )
+
+
+def _cap_refusal(rule: Rule, request: RequestFacts) -> tuple[DecisionCode, str] | None:
+    """(code, message) of the first per-request cap `request` exceeds under `rule`."""
     cap = rule.max_tokens
     if cap is not None and request.max_tokens is not None and request.max_tokens > cap:
         return "max_tokens_exceeded", f"max_tokens may be at most {cap} for this API key"
@@ -94,39 +144,65 @@ def _refusal(rule: Rule, request: RequestFacts) -> tuple[DecisionCode, str] | No
     return None
 
 
-def decide(policy: PolicySet, principal: Principal, request: RequestFacts) -> Decision:
-    """Allow or deny one request, with the limits and audit level that apply to it."""
-    found = matching_rule(policy, principal)
-    if found is None:
+def _decision(version: str, verdict: _Verdict, request: RequestFacts) -> Decision:
+    rule = verdict.rule
+    if rule is None:
+        assert verdict.refusal is not None
+        code, message = verdict.refusal
         return Decision(
             allowed=False,
-            code="no_matching_rule",
-            message="no policy rule grants this API key access",
+            code=code,
+            message=message,
             rule=None,
             limits=_NO_LIMITS,
             effective_max_tokens=None,
             audit_level="metadata",
-            policy_version=policy.version,
+            policy_version=version,
         )
-    name, rule = found
-    refusal = _refusal(rule, request)
+    refusal = verdict.refusal or _cap_refusal(rule, request)
     code, message = refusal if refusal is not None else ("allowed", "allowed")
     return Decision(
         allowed=refusal is None,
         code=code,
         message=message,
-        rule=name,
-        limits=Limits(
-            requests_per_minute=rule.requests_per_minute,
-            tokens_per_minute=rule.tokens_per_minute,
-            concurrent_streams=rule.concurrent_streams,
-            max_tokens=rule.max_tokens,
-        ),
+        rule=verdict.rule_name,
+        limits=verdict.limits,
         effective_max_tokens=(
             request.max_tokens if request.max_tokens is not None else rule.max_tokens
         ),
         audit_level=rule.audit_level,
-        policy_version=policy.version,
-        engine_classes=frozenset(rule.engine_classes),
+        policy_version=version,
+        engine_classes=verdict.engine_classes,
         priority=rule.priority,
     )
+
+
+def decide(policy: PolicySet, principal: Principal, request: RequestFacts) -> Decision:
+    """Allow or deny one request, with the limits and audit level that apply to it."""
+    verdict = _verdict(policy, principal, request.model, request.engine_classes)
+    return _decision(policy.version, verdict, request)
+
+
+class Judge:
+    """`decide()` for one policy set, remembering the rule scan and the model globs per
+    (principal, model, engine classes): a gateway asks for the same few combinations at every
+    request.  A new policy gets a new Judge, so nothing outlives the version it was computed
+    for.  At most `size` combinations are kept (then the memory starts over)."""
+
+    __slots__ = ("_size", "_verdicts", "policy")
+
+    def __init__(self, policy: PolicySet, size: int = 4096) -> None:
+        self.policy = policy
+        self._size = size
+        self._verdicts: dict[tuple[Principal, str, frozenset[EngineClass]], _Verdict] = {}
+
+    def decide(self, principal: Principal, request: RequestFacts) -> Decision:
+        """The same Decision `decide(self.policy, principal, request)` returns."""
+        key = (principal, request.model, request.engine_classes)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            if len(self._verdicts) >= self._size:
+                self._verdicts.clear()
+            verdict = _verdict(self.policy, principal, request.model, request.engine_classes)
+            self._verdicts[key] = verdict
+        return _decision(self.policy.version, verdict, request)

@@ -20,7 +20,7 @@ is a class name or an error code.  The stored body is the canonical JSON of the 
 from __future__ import annotations
 
 import contextvars
-import uuid
+import os
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
@@ -167,5 +167,6 @@ def ts_us(ts: datetime) -> int:
 
 
 def new_event_id() -> str:
-    """A fresh random event id (32 hex digits)."""
-    return uuid.uuid4().hex
+    """A fresh random event id (32 hex digits; the same shape as a uuid4's hex, a third of
+    its cost: no UUID object)."""
+    return os.urandom(16).hex()

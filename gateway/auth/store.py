@@ -112,6 +112,7 @@ class KeyStore:
         # another process (the CLI, another replica) within `cache_ttl_s`
         self._cache_ttl = cache_ttl_s
         self._rows: dict[str, tuple[Any, float]] = {}
+        self._reads: dict[str, asyncio.Future[Any]] = {}  # key id -> the SELECT in flight
         self._pepper = pepper
         self._interval = last_used_interval_s
         self._last_touch: dict[str, datetime] = {}
@@ -119,10 +120,10 @@ class KeyStore:
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
 
-
     def derive(self, label: bytes) -> bytes:
         """A secret of this deployment for another purpose: HMAC-SHA256(pepper, label)."""
         return hmac.new(self._pepper, b"airgate-derive\0" + label, hashlib.sha256).digest()
+
     async def create(
         self,
         role: str,
@@ -180,13 +181,7 @@ class KeyStore:
         if cached is not None and time.monotonic() - cached[1] < self._cache_ttl:
             row = cached[0]
         else:
-            stmt = select(api_keys).where(api_keys.c.key_id == key_id)
-            async with _database(), self._engine.connect() as conn:
-                row = (await conn.execute(stmt)).first()
-            if row is not None:
-                if len(self._rows) > 100_000:  # bounded: a flood of ids cannot grow it
-                    self._rows.clear()
-                self._rows[key_id] = (row, time.monotonic())
+            row = await self._read(key_id)
         matched = hmac.compare_digest(digest, row.secret_hmac if row is not None else _NO_DIGEST)
         if row is None:
             raise UnknownKey()
@@ -204,6 +199,39 @@ class KeyStore:
             roles=frozenset({row.role}),
             subject=row.name,
         )
+
+    async def _read(self, key_id: str) -> Any:
+        """The key's row from the database (None if unknown), cached for `cache_ttl_s`.
+        Concurrent misses on one key share one SELECT: when the cache entry of a busy key
+        expires, its in-flight requests do not all query the database at once."""
+        while (pending := self._reads.get(key_id)) is not None:
+            try:
+                return await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                if not pending.cancelled():
+                    raise  # this request was cancelled, not the read
+                # the reading request was cancelled: read again (this one may lead)
+        read: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._reads[key_id] = read
+        try:
+            stmt = select(api_keys).where(api_keys.c.key_id == key_id)
+            async with _database(), self._engine.connect() as conn:
+                row = (await conn.execute(stmt)).first()
+        except asyncio.CancelledError:
+            read.cancel()
+            raise
+        except BaseException as exc:
+            read.set_exception(exc)
+            read.exception()  # retrieved here: no warning when nobody else waited
+            raise
+        finally:
+            del self._reads[key_id]
+        if row is not None:
+            if len(self._rows) > 100_000:  # bounded: a flood of ids cannot grow it
+                self._rows.clear()
+            self._rows[key_id] = (row, time.monotonic())
+        read.set_result(row)
+        return row
 
     async def get(self, key_id: str) -> ApiKeyRecord | None:
         """One key's record, or None."""

@@ -13,6 +13,7 @@ import contextlib
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -23,16 +24,19 @@ from backends.types import GenerationDelta, GenerationHandle, GenerationRequest,
 
 from ..auth import Principal
 from ..errors import (
+    ClientClosedRequest,
     GatewayError,
     InternalError,
     InvalidRequest,
+    Unauthenticated,
     UnsupportedParameter,
     error_body,
     translate_engine_errors,
 )
 from ..gate import Admitted, admit
+from ..identity import SecurityHolder, principal_of
 from ..metrics import Metrics
-from ..registry import ServedModel
+from ..registry import ModelRegistry, ServedModel
 from ..reqlog import RequestInfo
 from ..routing import Lease, Router
 from ..security import Security
@@ -41,6 +45,7 @@ from ..telemetry import InferenceSpan, Telemetry
 __all__ = [
     "SSE_DONE",
     "Run",
+    "Services",
     "audit_sampling",
     "finish_reason",
     "sampling_params",
@@ -52,6 +57,31 @@ SSE_DONE = b"data: [DONE]\n\n"
 _TOKEN_ID = re.compile(r"[0-9]{1,9}")  # ASCII digits only; the engine checks the vocabulary
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _encode = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What the inference handlers use, injected as ONE dependency: Litestar resolves several
+    independent dependencies concurrently in an anyio task group, which cost more CPU per
+    request than authentication, policy and limits together (py-spy, echo engine)."""
+
+    models: ModelRegistry
+    metrics: Metrics
+    router: Router
+    telemetry: Telemetry
+    holder: SecurityHolder
+
+    @property
+    def security(self) -> Security:
+        return self.holder.get()
+
+
+def caller(request: Request[Any, Any, Any]) -> Principal:
+    """The authenticated caller (the auth middleware guarantees one on inference routes)."""
+    principal = principal_of(request.scope)
+    if principal is None:
+        raise Unauthenticated("authentication failed: send a valid API key as a bearer token")
+    return principal
 
 
 def sse(payload: msgspec.Struct) -> bytes:
@@ -143,11 +173,7 @@ class Run:
         *,
         model: ServedModel,
         info: RequestInfo,
-        metrics: Metrics,
-        security: Security,
-        router: Router,
-        telemetry: Telemetry,
-        principal: Principal,
+        services: Services,
         action: Literal["chat.completions", "completions"],
         prompt_param: str,
     ) -> Run:
@@ -155,9 +181,11 @@ class Run:
 
         A request without max_tokens gets the policy's cap as its default; every request gets
         its tenant's prefix-cache salt and the policy's priority."""
+        principal = caller(request)
+        security = services.security
         info.model, info.stream = model.id, body.stream
         asked = requests[0].max_tokens if requests else None
-        span = telemetry.inference_span(
+        span = services.telemetry.inference_span(
             "chat" if action == "chat.completions" else "text_completion",
             model.id,
             info.request_id,
@@ -181,7 +209,7 @@ class Run:
                 principal,
                 info,
                 action=action,
-                route=request.url.path,
+                route=request.scope["path"],
                 model=model.id,
                 engine_classes=model.engine_classes,
                 max_tokens=asked,
@@ -210,10 +238,10 @@ class Run:
         run = cls(
             model,
             info,
-            metrics,
+            services.metrics,
             prompt_param=prompt_param,
             admitted=admitted,
-            router=router,
+            router=services.router,
             team=principal.team or f"key:{principal.key_id}",
             span=span,
         )
@@ -448,6 +476,8 @@ class Run:
                 self.info.error_code = "client_disconnected"
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if task.cancelled():  # the client went away: its generation was aborted above
+            raise ClientClosedRequest("the client closed the connection")
         task.result()
         return per_choice
 

@@ -13,20 +13,15 @@ from litestar.response import Stream
 
 from backends.types import ChatMessage, GenerationDelta, GenerationRequest, TokenLogprob
 
-from ..auth import Principal
 from ..errors import InvalidRequest, UnsupportedParameter
-from ..metrics import Metrics
-from ..registry import ModelRegistry
 from ..reqlog import request_info
-from ..routing import Router
-from ..security import Security
-from ..telemetry import Telemetry
 from . import types as t
 from ._decode import decode
 from ._pipeline import (
     SSE_DONE,
     SSE_HEADERS,
     Run,
+    Services,
     finish_reason,
     sampling_params,
     sse,
@@ -105,19 +100,13 @@ def _logprobs(items: tuple[TokenLogprob, ...]) -> list[t.TokenInfo]:
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(
-    request: Request[Any, Any, Any],
-    models: NamedDependency[ModelRegistry],
-    metrics: NamedDependency[Metrics],
-    security: NamedDependency[Security],
-    router: NamedDependency[Router],
-    telemetry: NamedDependency[Telemetry],
-    principal: NamedDependency[Principal],
+    request: Request[Any, Any, Any], inference: NamedDependency[Services]
 ) -> Response[Any]:
     """Create a chat completion (OpenAI-compatible; streaming with `stream: true`)."""
     info = request_info(request.scope)
     raw = await request.body()
     body = decode(_decoder, raw)
-    model = models.resolve(body.model)
+    model = inference.models.resolve(body.model)
     asked = body.max_completion_tokens or body.max_tokens
     run = await Run.begin(
         request,
@@ -126,11 +115,7 @@ async def chat_completions(
         [_to_engine(body, info.request_id, asked)],
         model=model,
         info=info,
-        metrics=metrics,
-        security=security,
-        router=router,
-        telemetry=telemetry,
-        principal=principal,
+        services=inference,
         action="chat.completions",
         prompt_param="messages",
     )

@@ -13,20 +13,15 @@ from litestar.response import Stream
 
 from backends.types import GenerationRequest, TokenLogprob
 
-from ..auth import Principal
 from ..errors import InvalidRequest
-from ..metrics import Metrics
-from ..registry import ModelRegistry
 from ..reqlog import request_info
-from ..routing import Router
-from ..security import Security
-from ..telemetry import Telemetry
 from . import types as t
 from ._decode import decode
 from ._pipeline import (
     SSE_DONE,
     SSE_HEADERS,
     Run,
+    Services,
     finish_reason,
     sampling_params,
     sse,
@@ -106,19 +101,13 @@ class _Logprobs:
 
 @post("/v1/completions", status_code=200)
 async def completions(
-    request: Request[Any, Any, Any],
-    models: NamedDependency[ModelRegistry],
-    metrics: NamedDependency[Metrics],
-    security: NamedDependency[Security],
-    router: NamedDependency[Router],
-    telemetry: NamedDependency[Telemetry],
-    principal: NamedDependency[Principal],
+    request: Request[Any, Any, Any], inference: NamedDependency[Services]
 ) -> Response[Any]:
     """Create a text completion (OpenAI-compatible legacy API)."""
     info = request_info(request.scope)
     raw = await request.body()
     body = decode(_decoder, raw)
-    model = models.resolve(body.model)
+    model = inference.models.resolve(body.model)
     run = await Run.begin(
         request,
         body,
@@ -126,11 +115,7 @@ async def completions(
         _to_engine(body, info.request_id, body.max_tokens),
         model=model,
         info=info,
-        metrics=metrics,
-        security=security,
-        router=router,
-        telemetry=telemetry,
-        principal=principal,
+        services=inference,
         action="completions",
         prompt_param="prompt",
     )

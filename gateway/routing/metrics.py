@@ -16,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from ..loop_metrics import LoopCounter, LoopHistogram
 
 if TYPE_CHECKING:
     from ..registry import ModelRegistry
@@ -74,11 +76,11 @@ class RouterMetrics:
     def __init__(
         self, registry: CollectorRegistry, models: ModelRegistry, queue_depth: Callable[[], int]
     ) -> None:
-        self.decisions = Counter(
+        self.decisions = LoopCounter(
             "airgate_router_decisions",
             "Routing decisions by deployment and reason",
             ("model_name", "deployment", "reason"),
-            registry=registry,
+            registry,
         )
         self.overflow = Counter(
             "airgate_router_overflow",
@@ -98,10 +100,11 @@ class RouterMetrics:
             ("model_name",),
             registry=registry,
         )
-        self.overhead = Histogram(
+        self.overhead = LoopHistogram(
             "airgate_gateway_overhead_seconds",
             "Time from a request's arrival to its submission to an engine, less queue waits",
-            registry=registry,
+            (),
+            registry,
             buckets=_OVERHEAD_BUCKETS,
         )
         registry.register(_StateCollector(models, queue_depth))

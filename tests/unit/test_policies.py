@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from policies import (
     Decision,
+    Judge,
     Limits,
     PolicyDocument,
     PolicyError,
@@ -775,3 +776,30 @@ def test_decide_never_raises_and_allowed_respects_every_cap(
         assert request.n <= rule.max_n
     if rule.max_prompt_bytes is not None:
         assert request.prompt_bytes <= rule.max_prompt_bytes
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    st.lists(documents, min_size=1, max_size=2),
+    st.lists(st.tuples(principals, requests), min_size=1, max_size=12),
+    st.integers(1, 4),
+)
+def test_judge_decides_as_decide_whatever_it_remembers(
+    docs: list[PolicyDocument], asks: list[tuple[Principal, RequestFacts]], size: int
+) -> None:
+    # the same principals and models asked again, in any order, through a memory small enough
+    # to be cleared in between: every answer equals the pure function's
+    policy = policy_set(docs)
+    judge = Judge(policy, size=size)
+    for principal, request in asks + asks[::-1]:
+        assert judge.decide(principal, request) == decide(policy, principal, request)
+
+
+def test_judge_remembers_per_principal_and_model(policy: PolicySet) -> None:
+    judge = Judge(policy)
+    who, other = _who("payments", "app"), _who(None, "auditor")
+    first = judge.decide(who, _ask())
+    assert first == decide(policy, who, _ask())
+    # the rule scan is not redone: the second decision shares the first one's Limits object
+    assert judge.decide(who, _ask(max_tokens=1)).limits is first.limits
+    assert judge.decide(other, _ask()) == decide(policy, other, _ask())
