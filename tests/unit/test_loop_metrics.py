@@ -16,9 +16,7 @@ LABELS = st.sampled_from([("m", "llama.cpp", "d1"), ("m", "vllm", "d2"), ("x", "
 def _exposition(registry: CollectorRegistry) -> list[str]:
     # prometheus_client adds `_created` series unless disabled process-wide; ours never have them
     return [
-        line
-        for line in generate_latest(registry).decode().splitlines()
-        if "_created" not in line
+        line for line in generate_latest(registry).decode().splitlines() if "_created" not in line
     ]
 
 
