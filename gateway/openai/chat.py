@@ -22,6 +22,7 @@ from ._pipeline import (
     SSE_HEADERS,
     Run,
     Services,
+    TextFrame,
     finish_reason,
     sampling_params,
     sse,
@@ -167,16 +168,19 @@ async def _stream(
     def chunk(choices: list[t.ChunkChoice], usage: t.UsageInfo | None = None) -> bytes:
         return sse(t.ChatCompletionChunk(response_id, created, model, choices, usage=usage))
 
+    text_frame = TextFrame(
+        lambda text: t.ChatCompletionChunk(
+            response_id, created, model, [t.ChunkChoice(0, t.Delta(content=text))]
+        )
+    )
     yield chunk([t.ChunkChoice(0, t.Delta(role="assistant", content=""))])
     try:
         async for _, delta in run.deltas():
-            logprobs = (
-                t.ChatLogprobs(_logprobs(delta.logprobs))
-                if want_logprobs and delta.logprobs
-                else None
-            )
-            if delta.text or logprobs is not None:
+            if want_logprobs and delta.logprobs:
+                logprobs = t.ChatLogprobs(_logprobs(delta.logprobs))
                 yield chunk([t.ChunkChoice(0, t.Delta(content=delta.text), None, logprobs)])
+            elif delta.text:
+                yield text_frame(delta.text)
             if delta.finish_reason is not None:
                 yield chunk([t.ChunkChoice(0, t.Delta(), finish_reason(delta))])
                 await run.complete()  # audited before the usage chunk and [DONE]

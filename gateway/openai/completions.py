@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -22,6 +22,7 @@ from ._pipeline import (
     SSE_HEADERS,
     Run,
     Services,
+    TextFrame,
     finish_reason,
     sampling_params,
     sse,
@@ -164,9 +165,19 @@ async def _stream(
     prompt_tokens = completion_tokens = 0
     offsets = [_Logprobs() for _ in run.handles]
     pending = len(run.handles)
+
+    def text_chunk(index: int) -> Callable[[str], t.Completion]:
+        return lambda text: t.Completion(
+            response_id, created, model, [t.CompletionChoice(index, text, None)]
+        )
+
+    text_frames = [TextFrame(text_chunk(i)) for i in range(len(run.handles))]
     try:
         async for index, delta in run.deltas():
             text = (delta.prompt_text or "") + delta.text
+            if text and not want_logprobs and delta.finish_reason is None:
+                yield text_frames[index](text)  # the common case: a token's text, no more
+                continue
             logprobs = None
             if want_logprobs:
                 acc = offsets[index]
