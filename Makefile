@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install dev vllm serve test test-services lint bench clean
+.PHONY: install dev vllm serve test test-services lint bench soak clean
 
 $(VENV)/.installed: pyproject.toml scripts/llama-wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,8 +45,14 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check gateway backends policies bundles tests bench
 	$(VENV)/bin/mypy
 
+## Every benchmark scenario against its peers (installs wrk; peers get their own environments).
 bench: $(VENV)/.dev
+	bash scripts/bench-tools.sh
 	$(PY) -m bench $(ARGS)
+
+## 30 minutes of mixed streaming load at saturation on llama.cpp: errors, latency drift, RSS growth.
+soak: $(VENV)/.dev
+	$(PY) -m bench.soak $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

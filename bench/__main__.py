@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from bench import access, bundles, edge, vllm_peer
+from bench import access, bundles, edge, http_path, vllm_peer
 from bench._client import BenchError
 from bench._report import REPO_ROOT, write_section
 
@@ -34,6 +34,7 @@ SCENARIOS: dict[str, Scenario] = {
     bundles.NAME: bundles,
     access.NAME: access,
     vllm_peer.NAME: vllm_peer,
+    http_path.NAME: http_path,
 }
 
 
