@@ -35,11 +35,12 @@ from .auth import (
     default_pepper_path,
     load_or_create_pepper,
 )
-from .config import Settings
+from .config import ConfigError, Settings
 from .db import create_db_engine, database_url
 from .db.migrate import ensure_schema
 from .errors import ServiceUnavailable
 from .limits import FailoverLimiter, Limiter, LocalLimiter, RedisLimiter
+from .limits.resp import PipelinedRedis
 
 __all__ = ["PolicyHolder", "Security", "audit_key_file", "open_security"]
 
@@ -135,20 +136,12 @@ def _limiter(settings: Settings) -> tuple[Limiter, Any]:
     local = LocalLimiter()
     if not settings.limits.redis_url:
         return local, None
-    from redis.asyncio import Redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    # short timeouts, no retries: an outage must fail over at once, not after seconds
-    client = Redis.from_url(
-        settings.limits.redis_url,
-        socket_timeout=0.25,
-        socket_connect_timeout=0.25,
-        retry=Retry(NoBackoff(), 0),
-    )
-    limiter = FailoverLimiter(
-        RedisLimiter(client), local, fail_mode=settings.limits.fail_mode
-    )
+    # short timeouts: an outage must fail over at once, not after seconds
+    try:
+        client = PipelinedRedis(settings.limits.redis_url, timeout_s=0.25, connect_timeout_s=0.25)
+    except ValueError as exc:
+        raise ConfigError(f"[limits] redis_url: {exc}") from None
+    limiter = FailoverLimiter(RedisLimiter(client), local, fail_mode=settings.limits.fail_mode)
     return limiter, client
 
 

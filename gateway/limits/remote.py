@@ -1,17 +1,12 @@
 """`RedisLimiter`: limits shared by every replica, kept in Redis by one atomic Lua script.
 
-Construct the client with short timeouts and no client-side retries, so an outage is noticed
-in a fraction of a second and `FailoverLimiter` can act (redis-py's defaults are a 5 s socket
-timeout and 10 retries with backoff)::
+The client is the gateway's `PipelinedRedis` (`gateway.limits.resp`: one pipelined connection,
+about a tenth of redis-py's CPU per call), or any client with redis-py's `evalsha` and
+`script_load` that raises redis-py's exceptions (tests use redis-py's own).  Give it short
+timeouts and no client-side retries, so an outage is noticed in a fraction of a second and
+`FailoverLimiter` can act (redis-py's defaults are a 5 s socket timeout and 10 retries)::
 
-    from redis.asyncio import Redis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-
-    client = Redis.from_url(
-        url, socket_timeout=0.25, socket_connect_timeout=0.25, retry=Retry(NoBackoff(), 0)
-    )
-    limiter = RedisLimiter(client)
+    limiter = RedisLimiter(PipelinedRedis(url, timeout_s=0.25, connect_timeout_s=0.25))
 
 Keys: `<prefix>{<principal key>}:r` (request TAT), `:t` (token TAT), `:s` (stream slots).  The
 braces are a cluster hash tag, so one script's three keys live in one slot.  Values are
@@ -28,10 +23,9 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
 
 from ._lua import SCRIPT, SCRIPT_SHA
 from .admission import Admission, Outcome, Ticket, to_admission
@@ -50,12 +44,20 @@ def _redis_errors() -> Iterator[None]:
         raise LimiterUnavailable(type(exc).__name__) from exc
 
 
+class RedisClient(Protocol):
+    """What the limiter needs of a Redis client (redis-py's signatures and exceptions)."""
+
+    async def evalsha(self, sha: str, numkeys: int, *args: str) -> Any: ...
+
+    async def script_load(self, script: str) -> Any: ...
+
+
 class RedisLimiter:
     """Limits in Redis, on Redis's clock; see the module docstring for the client settings."""
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         *,
         prefix: str = "airgate:rl:",
         stream_ttl_s: float = 600.0,

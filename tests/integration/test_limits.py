@@ -33,6 +33,7 @@ from gateway.limits import (
     RedisLimiter,
 )
 from gateway.limits._lua import SCRIPT_SHA
+from gateway.limits.resp import PipelinedRedis
 
 SHARED_HOST, SHARED_PORT = "127.0.0.1", 6379
 PRINCIPAL = "key_7f3a9c"
@@ -60,10 +61,42 @@ async def _delete_prefix(client: Redis, prefix: str) -> None:
         await client.delete(*keys)
 
 
-@pytest.fixture
-async def shared() -> AsyncIterator[tuple[Redis, str]]:
+class _Pipelined:
+    """The limiter's calls (`evalsha`, `script_load`) through the gateway's `PipelinedRedis`;
+    everything the tests inspect Redis with through redis-py, on the same server."""
+
+    def __init__(self, port: int) -> None:
+        self.fast = PipelinedRedis(
+            f"redis://127.0.0.1:{port}/0", timeout_s=0.5, connect_timeout_s=0.5
+        )
+        self.inspect = _client(port)
+
+    async def evalsha(self, sha: str, numkeys: int, *args: str) -> Any:
+        return await self.fast.evalsha(sha, numkeys, *args)
+
+    async def script_load(self, script: str) -> Any:
+        return await self.fast.script_load(script)
+
+    async def aclose(self) -> None:
+        await self.fast.aclose()
+        await self.inspect.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inspect, name)
+
+
+# every RedisLimiter test runs with redis-py's client and with the gateway's own
+CLIENTS = ["redis-py", "pipelined"]
+
+
+def _limiter_client(kind: str, port: int) -> Any:
+    return _client(port) if kind == "redis-py" else _Pipelined(port)
+
+
+@pytest.fixture(params=CLIENTS)
+async def shared(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Redis, str]]:
     """The shared Redis and a fresh key prefix; every key under it is deleted afterwards."""
-    client = _client(SHARED_PORT)
+    client = _limiter_client(request.param, SHARED_PORT)
     try:
         await client.ping()
     except redis.RedisError as exc:
@@ -282,9 +315,11 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
         server.kill()
 
 
-@pytest.fixture
-async def private_client(private_redis: PrivateRedis) -> AsyncIterator[Redis]:
-    client = _client(private_redis.port)
+@pytest.fixture(params=CLIENTS)
+async def private_client(
+    request: pytest.FixtureRequest, private_redis: PrivateRedis
+) -> AsyncIterator[Redis]:
+    client = _limiter_client(request.param, private_redis.port)
     try:
         yield client
     finally:
@@ -376,3 +411,20 @@ async def test_script_is_reloaded_after_script_flush(private_client: Redis) -> N
     assert await private_client.script_exists(SCRIPT_SHA) == [False]
     assert (await _admit(lim, rpm=60)).allowed
     assert await private_client.script_exists(SCRIPT_SHA) == [True]
+
+
+def test_pipelined_client_under_uvloop() -> None:
+    """The server runs on uvloop, whose transports are not asyncio's classes."""
+    import uvloop
+
+    async def main() -> list[Any]:
+        client = PipelinedRedis(f"redis://{SHARED_HOST}:{SHARED_PORT}/0")
+        try:
+            assert await client.ping()
+            sha = await client.script_load("return ARGV[1]")
+            return await asyncio.gather(*(client.evalsha(sha, 0, str(i)) for i in range(20)))
+        finally:
+            await client.aclose()
+
+    # twenty calls in one write, their replies matched back in order
+    assert uvloop.run(main()) == [str(i).encode() for i in range(20)]
