@@ -320,6 +320,51 @@ def test_engine_failure_without_stream_is_500_envelope(client: TestClient[Litest
     )
 
 
+def test_a_client_gone_before_a_whole_answer_is_a_499_not_an_exception(
+    client: TestClient[Litestar],
+) -> None:
+    """The client hangs up while a non-streamed answer is generated: the generation is
+    aborted and the request ends as a 499 (in the log and the metrics), not as an exception
+    out of the app (which uvicorn logs as an error with a traceback)."""
+    body = msgspec.json.encode(chat(max_tokens=512))  # 512 loop turns: the hang-up comes first
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"authorization", client.headers["Authorization"].encode()),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    }
+    sent: list[dict[str, Any]] = []
+    messages = iter(
+        [{"type": "http.request", "body": body, "more_body": False}, {"type": "http.disconnect"}]
+    )
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def call() -> None:
+        await client.app(scope, receive, send)  # type: ignore[arg-type]
+
+    client.blocking_portal.call(call)  # an exception out of the app would be raised here
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    metrics = client.get("/metrics").text
+    assert 'airgate_requests_total{route="/v1/chat/completions",status="499"} 1.0' in metrics
+
+
 def test_health_ready_metrics_and_openapi(client: TestClient[Litestar]) -> None:
     assert client.get("/health").json() == {"status": "ok"}
     assert client.get("/ready").status_code == 200
