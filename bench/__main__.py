@@ -9,7 +9,6 @@ check) only prints, unless ``--output`` is given.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ from typing import Protocol
 
 from bench import access, bundles, edge, http_path, vllm_peer
 from bench._client import BenchError
-from bench._report import REPO_ROOT, write_section
+from bench._report import REPO_ROOT, default_cache_dir, redacted_argv, write_section
 
 
 class Scenario(Protocol):
@@ -36,11 +35,6 @@ SCENARIOS: dict[str, Scenario] = {
     vllm_peer.NAME: vllm_peer,
     http_path.NAME: http_path,
 }
-
-
-def _default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "airgate" / "bench"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,31 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cache-dir",
         type=Path,
-        default=_default_cache_dir(),
+        default=default_cache_dir(),
         help="model, server data dir and logs (default ~/.cache/airgate/bench)",
     )
     for scenario in SCENARIOS.values():
         scenario.add_arguments(parser)
     return parser
-
-
-_SECRET_OPTIONS = ("--api-key",)
-
-
-def _redacted(argv: Sequence[str]) -> list[str]:
-    """``argv`` with secret option values replaced, fit to be written into BENCHMARKS.md."""
-    shown: list[str] = []
-    hide_next = False
-    for arg in argv:
-        option, sep, _ = arg.partition("=")
-        if hide_next:
-            shown.append("***")
-        elif option in _SECRET_OPTIONS and sep:
-            shown.append(f"{option}=***")
-        else:
-            shown.append(arg)
-        hide_next = arg in _SECRET_OPTIONS
-    return shown
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runs < 1:
         print("bench: --runs must be at least 1", file=sys.stderr)
         return 2
-    args.command = shlex.join(["python", "-m", "bench", *_redacted(argv)])
+    args.command = shlex.join(["python", "-m", "bench", *redacted_argv(argv)])
     output: Path | None = args.output
     if output is None and not args.quick:
         output = REPO_ROOT / "BENCHMARKS.md"

@@ -28,7 +28,10 @@ __all__ = [
     "LoadResult",
     "RequestResult",
     "check_lengths",
+    "chunk_decoder",
     "completion_body",
+    "describe_error",
+    "has_content",
     "run_load",
     "synthetic_prompts",
     "wait_ready",
@@ -109,17 +112,17 @@ class _ErrorEnvelope(msgspec.Struct):
     error: _ErrorBody
 
 
-_chunk_decoder = msgspec.json.Decoder(_Chunk)
+chunk_decoder = msgspec.json.Decoder(_Chunk)
 _error_decoder = msgspec.json.Decoder(_ErrorEnvelope)
 
 
-def _has_content(choice: _Choice) -> bool:
+def has_content(choice: _Choice) -> bool:
     if choice.text:
         return True
     return choice.delta is not None and bool(choice.delta.content)
 
 
-def _describe_error(status: int, body: bytes) -> str:
+def describe_error(status: int, body: bytes) -> str:
     try:
         err = _error_decoder.decode(body).error
     except msgspec.DecodeError:
@@ -145,7 +148,7 @@ async def _stream(client: httpx.AsyncClient, path: str, body: Mapping[str, Any])
     finish: str | None = None
     async with client.stream("POST", path, json=body) as response:
         if response.status_code != 200:
-            error = _describe_error(response.status_code, await response.aread())
+            error = describe_error(response.status_code, await response.aread())
             raise LoadError(error, response.status_code)
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
@@ -153,11 +156,11 @@ async def _stream(client: httpx.AsyncClient, path: str, body: Mapping[str, Any])
             data = line[5:].strip()
             if data == "[DONE]":
                 break
-            chunk = _chunk_decoder.decode(data)
+            chunk = chunk_decoder.decode(data)
             if chunk.error is not None:
                 raise LoadError(f"error event in stream: {chunk.error.message[:200]}")
             for choice in chunk.choices:
-                if ttft is None and _has_content(choice):
+                if ttft is None and has_content(choice):
                     ttft = time.perf_counter() - start
                 finish = choice.finish_reason or finish
             if chunk.usage is not None:

@@ -28,9 +28,11 @@ __all__ = [
     "Spread",
     "collect_environment",
     "cpu_sample",
+    "default_cache_dir",
     "foreign_cpu_share",
     "markdown_table",
     "percentile",
+    "redacted_argv",
     "replace_section",
     "say",
     "write_section",
@@ -239,3 +241,27 @@ def write_section(path: Path, name: str, body: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(updated)
     os.replace(tmp, path)
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "airgate" / "bench"
+
+
+_SECRET_OPTIONS = ("--api-key",)
+
+
+def redacted_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with secret option values replaced, fit to be written into BENCHMARKS.md."""
+    shown: list[str] = []
+    hide_next = False
+    for arg in argv:
+        option, sep, _ = arg.partition("=")
+        if hide_next:
+            shown.append("***")
+        elif option in _SECRET_OPTIONS and sep:
+            shown.append(f"{option}=***")
+        else:
+            shown.append(arg)
+        hide_next = arg in _SECRET_OPTIONS
+    return shown

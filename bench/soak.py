@@ -44,13 +44,12 @@ import httpx
 import msgspec
 
 from bench import edge
-from bench.__main__ import _default_cache_dir, _redacted
 from bench._client import (
     BenchError,
-    _chunk_decoder,
-    _describe_error,
-    _has_content,
+    chunk_decoder,
     completion_body,
+    describe_error,
+    has_content,
     synthetic_prompts,
     wait_ready,
 )
@@ -58,9 +57,11 @@ from bench._report import (
     REPO_ROOT,
     collect_environment,
     cpu_sample,
+    default_cache_dir,
     foreign_cpu_share,
     markdown_table,
     percentile,
+    redacted_argv,
     say,
     write_section,
 )
@@ -164,7 +165,7 @@ async def _stream(
     chunks = 0
     async with client.stream("POST", req.path, json=req.body) as response:
         if response.status_code != 200:
-            error = _describe_error(response.status_code, await response.aread())
+            error = describe_error(response.status_code, await response.aread())
             raise _Failed(f"HTTP {response.status_code}", error)
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
@@ -172,10 +173,10 @@ async def _stream(
             data = line[5:].strip()
             if data == "[DONE]":
                 break
-            chunk = _chunk_decoder.decode(data)
+            chunk = chunk_decoder.decode(data)
             if chunk.error is not None:
                 raise _Failed("error event", chunk.error.message[:200])
-            if any(_has_content(choice) for choice in chunk.choices):
+            if any(has_content(choice) for choice in chunk.choices):
                 chunks += 1
                 ttft = time.monotonic() - start if ttft is None else ttft
                 if req.abandon_after is not None and chunks >= req.abandon_after:
@@ -195,9 +196,9 @@ async def _post(client: httpx.AsyncClient, req: Planned) -> tuple[int, int]:
     if response.status_code != 200:
         raise _Failed(
             f"HTTP {response.status_code}",
-            _describe_error(response.status_code, response.content),
+            describe_error(response.status_code, response.content),
         )
-    usage = _chunk_decoder.decode(response.content).usage
+    usage = chunk_decoder.decode(response.content).usage
     if usage is None:
         raise _Failed("no usage", "the response carries no usage")
     return usage.prompt_tokens, usage.completion_tokens
@@ -677,7 +678,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cache-dir",
         type=Path,
-        default=_default_cache_dir(),
+        default=default_cache_dir(),
         help="server data dir and logs (default ~/.cache/airgate/bench)",
     )
     edge.add_arguments(parser)  # the server's options: --slots, --threads, --api-key, ...
@@ -691,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.duration <= 0 or args.concurrency < 1:
         print("bench.soak: --duration and --concurrency must be positive", file=sys.stderr)
         return 2
-    args.command = shlex.join(["python", "-m", "bench.soak", *_redacted(argv)])
+    args.command = shlex.join(["python", "-m", "bench.soak", *redacted_argv(argv)])
     try:
         result = run(args)
     except BenchError as exc:
