@@ -167,6 +167,9 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
             access_log=False,
             log_config=None,
             server_header=False,
+            # X-Forwarded-* from a local client would otherwise rewrite the client address
+            # (uvicorn trusts 127.0.0.1 by default); nothing here sits behind a proxy by default
+            proxy_headers=False,
             timeout_graceful_shutdown=int(settings.server.shutdown_grace_s),
         )
     )
