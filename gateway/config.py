@@ -200,6 +200,12 @@ class LimitSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
     redis_url: str = ""  # empty: limits are kept in this process
     fail_mode: Literal["open", "closed"] = "open"  # Redis unreachable: local limits, or 503
 
+    def __post_init__(self) -> None:
+        if self.redis_url:
+            from .limits.resp import PipelinedRedis  # what the limiter will connect with
+
+            PipelinedRedis(self.redis_url)  # raises ValueError naming what it does not take
+
 
 class AuditSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     database_url: str = ""  # default: SQLite in the data dir; postgresql://... for production
@@ -362,7 +368,7 @@ def _check_models(settings: Settings) -> None:
             raise ConfigError(f"deployment name {deployment!r} is declared twice")
         deployments.add(deployment)
         if model.vllm is not None and model.engine != "vllm":
-            raise ConfigError(f"deployment {deployment!r}: [models.vllm] needs engine = \"vllm\"")
+            raise ConfigError(f'deployment {deployment!r}: [models.vllm] needs engine = "vllm"')
         if model.engine == "echo":
             continue
         if bool(model.bundle) == bool(model.path):

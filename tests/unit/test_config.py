@@ -232,7 +232,10 @@ def test_one_model_several_deployments_need_names(tmp_path: Path) -> None:
     gpu, edge = settings.models
     assert (gpu.deployment, gpu.resolved_class) == ("a-gpu", "gpu")
     assert (edge.deployment, edge.resolved_class, edge.weight, edge.max_queue) == (
-        "a-edge", "edge", 0.5, 3
+        "a-edge",
+        "edge",
+        0.5,
+        3,
     )
     same_name = named.replace('"a-edge"', '"a-gpu"')
     with pytest.raises(ConfigError, match="deployment name 'a-gpu' is declared twice"):
@@ -310,7 +313,7 @@ bundle = "/srv/bundles/gemma.tar"
         ('[kms.pkcs11]\nmodule = "m"\n', "kms.pkcs11"),
         ('[kms.vault_transit]\naddress = "a"\ntoken = "s.secret"\n', "kms.vault_transit.token"),
         ('[bundles]\nallowed_providers = ["gcp"]\n', "bundles.allowed_providers"),
-        ('[kms.azure]\nx = 1\n', "kms.azure"),
+        ("[kms.azure]\nx = 1\n", "kms.azure"),
     ],
     ids=["pin-in-file", "missing-token-label", "token-in-file", "unknown-provider", "unknown-kms"],
 )
@@ -331,3 +334,28 @@ def test_flag_into_a_section_that_is_not_a_table_is_a_config_error(tmp_path: Pat
     path = _write(tmp_path, "server = 5\n")
     with pytest.raises(ConfigError, match="server"):
         load_settings(path, environ=NO_ENV, overrides={"server.port": 9000})
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://127.0.0.1:6379/0?health_check_interval=5", "unsupported Redis URL options"),
+        ("memcached://127.0.0.1:11211", "starts with redis://"),
+    ],
+)
+def test_a_redis_url_the_limiter_cannot_use_is_refused_at_load(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as refused:
+        load_settings(None, environ={"AIRGATE_LIMITS__REDIS_URL": url})
+    assert "limits" in str(refused.value)
+
+
+def test_a_redis_url_with_a_password_loads_and_the_error_never_shows_it() -> None:
+    settings = load_settings(
+        None, environ={"AIRGATE_LIMITS__REDIS_URL": "rediss://svc:s3cret@redis.corp:6390/2"}
+    )
+    assert settings.limits.redis_url.startswith("rediss://")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(
+            None, environ={"AIRGATE_LIMITS__REDIS_URL": "redis://svc:s3cret@redis.corp/x"}
+        )
+    assert "s3cret" not in str(refused.value)
