@@ -10,7 +10,10 @@ and test only the rate limiter.
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import linecache
+import sys
 
 import pytest
 import schemathesis
@@ -78,9 +81,37 @@ def app(api_settings: Settings) -> Litestar:
     registry = ModelRegistry([ServedModel("echo", engine)])
     registry.ready = True
     app = create_app(api_settings, registry=registry)
+    _parse_lambda_sources_up_front()
     served = TestClient(app).get("/openapi.json").json()  # public: no lifespan needed
     assert {**served, "info": None} == {**DOCUMENT, "info": None}
     return app
+
+
+def _parse_lambda_sources_up_front() -> None:
+    """Work around a CPython 3.11 bug that made this test flaky.
+
+    Hypothesis describes a strategy's lambdas by parsing their source file, once per file, the
+    first time it needs a description.  That can happen deep inside a draw, after hypothesis has
+    raised the recursion limit, and there CPython 3.11.7's `ast.parse` can fail with
+    "SystemError: AST constructor recursion depth mismatch" (seen once in three full runs).
+    Parsing schemathesis's lambda-bearing modules into hypothesis's cache before the first case
+    (the `app` fixture calls this) means no such parse happens mid-test.  Hypothesis's
+    internals may move: then this does nothing."""
+    try:
+        from hypothesis.internal import lambda_sources
+    except ImportError:
+        return
+    cache = getattr(lambda_sources, "AST_LAMBDAS_CACHE", None)
+    extract = getattr(lambda_sources, "extract_all_lambdas", None)
+    if cache is None or extract is None:
+        return
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if name.split(".")[0] != "schemathesis" or not path.endswith(".py"):
+            continue
+        lines = tuple(linecache.getlines(path, module.__dict__))
+        if lines and any("lambda" in line for line in lines):
+            cache[lines] = extract(ast.parse("".join(lines)))
 
 
 schema = schemathesis.openapi.from_dict(DOCUMENT)
