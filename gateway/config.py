@@ -202,9 +202,9 @@ class LimitSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
 
     def __post_init__(self) -> None:
         if self.redis_url:
-            from .limits.resp import PipelinedRedis  # what the limiter will connect with
+            from .limits.resp import parse_redis_url  # what the limiter will connect with
 
-            PipelinedRedis(self.redis_url)  # raises ValueError naming what it does not take
+            parse_redis_url(self.redis_url)  # raises ValueError naming what it does not take
 
 
 class AuditSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):

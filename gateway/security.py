@@ -35,7 +35,7 @@ from .auth import (
     default_pepper_path,
     load_or_create_pepper,
 )
-from .config import ConfigError, Settings
+from .config import Settings
 from .db import create_db_engine, database_url
 from .db.migrate import ensure_schema
 from .errors import ServiceUnavailable
@@ -136,11 +136,9 @@ def _limiter(settings: Settings) -> tuple[Limiter, Any]:
     local = LocalLimiter()
     if not settings.limits.redis_url:
         return local, None
-    # short timeouts: an outage must fail over at once, not after seconds
-    try:
-        client = PipelinedRedis(settings.limits.redis_url, timeout_s=0.25, connect_timeout_s=0.25)
-    except ValueError as exc:
-        raise ConfigError(f"[limits] redis_url: {exc}") from None
+    # short timeouts: an outage must fail over at once, not after seconds (the URL was
+    # checked when the settings loaded)
+    client = PipelinedRedis(settings.limits.redis_url, timeout_s=0.25, connect_timeout_s=0.25)
     limiter = FailoverLimiter(RedisLimiter(client), local, fail_mode=settings.limits.fail_mode)
     return limiter, client
 

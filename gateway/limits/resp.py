@@ -23,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 from redis import exceptions as redis_errors
 
-__all__ = ["PipelinedRedis"]
+__all__ = ["PipelinedRedis", "RedisTarget", "parse_redis_url"]
 
 _SUPPORTED_QUERY = frozenset({"db", "ssl_ca_certs"})
 
@@ -110,35 +111,58 @@ class _Protocol(asyncio.Protocol):
                 future.exception()  # retrieved: a caller that already left gets no warning
 
 
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
+    """Where a Redis URL points: a TCP host and port (TLS with `tls`) or a unix socket."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    path: str | None = None  # a unix socket instead of host and port
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    ca_file: str | None = None
+
+
+def parse_redis_url(url: str) -> RedisTarget:
+    """The target of a URL this client takes; ValueError naming what it does not take (never
+    repeating the URL, which may carry a password)."""
+    parts = urlsplit(url)
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    unknown = set(query) - _SUPPORTED_QUERY
+    if unknown:
+        raise ValueError(f"unsupported Redis URL options: {', '.join(sorted(unknown))}")
+    if parts.scheme in ("redis", "rediss"):
+        where = {"host": parts.hostname or "127.0.0.1", "port": parts.port or 6379}
+        db = parts.path.lstrip("/") or query.get("db", "0")
+    elif parts.scheme == "unix":
+        where = {"path": unquote(parts.path)}
+        db = query.get("db", "0")
+    else:
+        raise ValueError("a Redis URL starts with redis://, rediss:// or unix://")
+    if not db.isdigit():
+        raise ValueError("the Redis database must be a number")
+    return RedisTarget(
+        **where,  # type: ignore[arg-type]
+        db=int(db),
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        tls=parts.scheme == "rediss",
+        ca_file=query.get("ssl_ca_certs"),
+    )
+
+
 class PipelinedRedis:
     """A Redis client for the limiter: one shared, pipelined connection (see the module)."""
 
     def __init__(
         self, url: str, *, timeout_s: float = 0.25, connect_timeout_s: float = 0.25
     ) -> None:
-        parts = urlsplit(url)
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        unknown = set(query) - _SUPPORTED_QUERY
-        if unknown:
-            raise ValueError(f"unsupported Redis URL options: {', '.join(sorted(unknown))}")
-        self._ssl: ssl.SSLContext | None = None
-        self._path: str | None = None
-        if parts.scheme in ("redis", "rediss"):
-            self._host = parts.hostname or "127.0.0.1"
-            self._port = parts.port or 6379
-            db = parts.path.lstrip("/") or query.get("db", "0")
-            if parts.scheme == "rediss":
-                self._ssl = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
-        elif parts.scheme == "unix":
-            self._path = unquote(parts.path)
-            db = query.get("db", "0")
-        else:
-            raise ValueError("a Redis URL starts with redis://, rediss:// or unix://")
-        if not db.isdigit():
-            raise ValueError("the Redis database must be a number")
-        self._db = int(db)
-        self._username = unquote(parts.username) if parts.username else None
-        self._password = unquote(parts.password) if parts.password else None
+        target = parse_redis_url(url)
+        self._host, self._port, self._path = target.host, target.port, target.path
+        self._db, self._username, self._password = target.db, target.username, target.password
+        self._ssl = ssl.create_default_context(cafile=target.ca_file) if target.tls else None
         self._timeout = timeout_s
         self._connect_timeout = connect_timeout_s
         self._conn: _Protocol | None = None
