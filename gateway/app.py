@@ -22,9 +22,9 @@ from .compliance import compliance_router
 from .config import Settings
 from .errors import exception_handlers
 from .health import health, metrics_route, ready
-from .identity import AuthMiddleware, SecurityHolder
+from .identity import AuthMiddleware, SecurityHolder, caller
 from .metrics import Metrics
-from .openai._pipeline import Services, caller
+from .openai._pipeline import Services
 from .openai.chat import chat_completions
 from .openai.completions import completions
 from .openai.models import get_model, list_models

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from typing import Any
 
+from litestar import Request
 from litestar.enums import ScopeType
 from litestar.types import (
     ASGIApp,
@@ -29,7 +31,7 @@ from .reqlog import request_info, route_of
 from .security import Security
 from .tls import client_cert_pem
 
-__all__ = ["PUBLIC_PATHS", "AuthMiddleware", "SecurityHolder", "principal_of"]
+__all__ = ["PUBLIC_PATHS", "AuthMiddleware", "SecurityHolder", "caller", "principal_of"]
 
 _log = logging.getLogger("airgate.auth")
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
@@ -38,6 +40,15 @@ _MAX_CREDENTIAL = 16 * 1024
 
 def principal_of(scope: Scope) -> Principal | None:
     principal: Principal | None = scope.get("state", {}).get("principal")
+    return principal
+
+
+def caller(request: Request[Any, Any, Any]) -> Principal:
+    """The authenticated caller of a route that is not public (the middleware below guarantees
+    one there); a dependency of the inference, admin and compliance handlers."""
+    principal = principal_of(request.scope)
+    if principal is None:
+        raise Unauthenticated("authentication failed: send a valid API key as a bearer token")
     return principal
 
 

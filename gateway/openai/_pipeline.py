@@ -22,19 +22,17 @@ from litestar import Request
 from backends import errors as engine_errors
 from backends.types import GenerationDelta, GenerationHandle, GenerationRequest, SamplingParams
 
-from ..auth import Principal
 from ..errors import (
     ClientClosedRequest,
     GatewayError,
     InternalError,
     InvalidRequest,
-    Unauthenticated,
     UnsupportedParameter,
     error_body,
     translate_engine_errors,
 )
 from ..gate import Admitted, admit
-from ..identity import SecurityHolder, principal_of
+from ..identity import SecurityHolder, caller
 from ..metrics import Metrics
 from ..registry import ModelRegistry, ServedModel
 from ..reqlog import RequestInfo
@@ -75,14 +73,6 @@ class Services:
     @property
     def security(self) -> Security:
         return self.holder.get()
-
-
-def caller(request: Request[Any, Any, Any]) -> Principal:
-    """The authenticated caller (the auth middleware guarantees one on inference routes)."""
-    principal = principal_of(request.scope)
-    if principal is None:
-        raise Unauthenticated("authentication failed: send a valid API key as a bearer token")
-    return principal
 
 
 def sse(payload: msgspec.Struct) -> bytes:
