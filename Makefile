@@ -36,14 +36,18 @@ serve: $(VENV)/.installed
 test-services:
 	bash scripts/test-services.sh
 
-## Install the dev dependencies and run the whole test suite.
-test: $(VENV)/.vllm test-services
-	$(VENV)/bin/lint-imports
+SOURCES := gateway backends policies bundles tests bench migrations
+
+## Install the dev dependencies, check the code (lint, format, types, layering), run every test.
+test: $(VENV)/.vllm test-services lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+## ruff (lint and format), mypy (strict), import-linter (the layering contracts).
 lint: $(VENV)/.dev
-	$(VENV)/bin/ruff check gateway backends policies bundles tests bench
+	$(VENV)/bin/ruff check $(SOURCES)
+	$(VENV)/bin/ruff format --check $(SOURCES)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 ## Every benchmark scenario against its peers (installs wrk; peers get their own environments).
 bench: $(VENV)/.dev

@@ -1,7 +1,9 @@
 """Inference engines behind one small interface (`types.Engine`).
 
-Knows nothing of HTTP, auth or audit.  Engines: `llamacpp` (GGUF on CPUs, continuous batching)
-and `echo` (zero-cost, for measuring the HTTP path only).  vLLM lands with its own issue.
+Knows nothing of HTTP, auth or audit.  Engines: `vllm` (safetensors on GPUs or the vLLM CPU
+build, in process through `AsyncLLM`; importing it does not import vLLM or torch), `llamacpp`
+(GGUF on CPUs and laptops, continuous batching) and `echo` (zero-cost, for measuring the HTTP
+path only).
 """
 
 from .errors import (

@@ -128,7 +128,7 @@ def create_api_key(
     ``airgate serve`` will read them (its environment, ``--config``, ``--data-dir``)."""
     # Imported here: worker processes that import the scenarios need no gateway.
     from gateway.config import load_settings
-    from gateway.keys import key_store
+    from gateway.access.keys import key_store
 
     settings = load_settings(
         _config_arg(server_args), environ=env, overrides={"data_dir": str(data_dir)}

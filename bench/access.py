@@ -114,9 +114,9 @@ async def _latency(
     data_dir: Path, requests: int, strict: bool, synchronous: str, database_url: str = ""
 ) -> list[float]:
     from gateway.config import load_settings
-    from gateway.gate import admit
-    from gateway.reqlog import RequestInfo
-    from gateway.security import open_security
+    from gateway.pipeline.admission import admit
+    from gateway.http.request_log import RequestInfo
+    from gateway.access.stack import open_security
 
     # one key at 200 requests/s: a policy whose limits a busy service account would have
     # (the limiter still runs its full GCRA admission and refund for every request)

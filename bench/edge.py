@@ -6,7 +6,7 @@ and get the same request bodies:
 
 - airgate: ``airgate serve`` with its in-process llama.cpp engine (``--slots`` slots, default 8).
   Every request sends an app key: ``--api-key``, or one created in the server's database before
-  each start (``gateway.keys.key_store``, the database ``serve`` will open);
+  each start (``gateway.access.keys.key_store``, the database ``serve`` will open);
 - ``llama_cpp.server``: llama-cpp-python's own OpenAI server (one ``Llama``, requests served one
   at a time) in its own virtualenv holding the same wheel as airgate;
 - ``llama-server``: llama.cpp's C++ server built from the source llama-cpp-python vendors (the

@@ -10,31 +10,24 @@ import signal
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
 
-from litestar import Litestar, Response, get
+from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
 
-from .admin import admin_router
+from .access.stack import Security, SecurityHolder, open_security
 from .audit import AuditEvent, new_event_id
-from .compliance import compliance_router
 from .config import Settings
+from .engines.registry import ModelRegistry
+from .engines.runtime import build_registry, start_engines, stop_engines
 from .errors import exception_handlers
-from .health import health, metrics_route, ready
-from .identity import AuthMiddleware, SecurityHolder, caller
-from .metrics import Metrics
-from .openai._pipeline import Services
-from .openai.chat import chat_completions
-from .openai.completions import completions
-from .openai.models import get_model, list_models
-from .openai.schema import openapi_document
-from .registry import ModelRegistry
-from .reqlog import RequestLogMiddleware
-from .routing import Router, RouterMetrics
-from .runtime import build_registry, start_engines, stop_engines
-from .security import Security, open_security
-from .telemetry import Telemetry
+from .http.authn import AuthMiddleware, caller
+from .http.request_log import RequestLogMiddleware, RouteTemplates
+from .pipeline import Pipeline
+from .routes import ROUTES, openapi_route, paths, public_paths
+from .routing import Router
+from .telemetry.metrics import Metrics
+from .telemetry.traces import Telemetry
 
 __all__ = ["create_app"]
 
@@ -63,17 +56,12 @@ def create_app(
 
 def _build(settings: Settings, models: ModelRegistry, given: Security | None) -> Litestar:
     metrics = Metrics(models)
-    router = Router(models, settings.routing)
-    router.metrics = RouterMetrics(metrics.registry, models, router.queue_depth)
+    router = Router(models, settings.routing, registry=metrics.registry)
     telemetry = Telemetry.start(settings.telemetry)  # a no-op unless an endpoint is set
     holder = SecurityHolder()
     metrics.watch(lambda: _access_gauges(holder))
-    schema = openapi_document(_version())
-    inference = Services(models, metrics, router, telemetry, holder)
-
-    @get("/openapi.json", include_in_schema=False)
-    async def openapi() -> Response[Any]:
-        return Response(schema, media_type="application/json")
+    inference = Pipeline(models, metrics, router, telemetry, holder)
+    routes = (*ROUTES, openapi_route(_version()))
 
     @contextlib.asynccontextmanager
     async def access(_: Litestar) -> AsyncIterator[None]:
@@ -110,18 +98,7 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
             telemetry.shutdown()  # flushes the last spans
 
     app = Litestar(
-        route_handlers=[
-            chat_completions,
-            completions,
-            list_models,
-            get_model,
-            health,
-            ready,
-            metrics_route,
-            openapi,
-            admin_router,
-            compliance_router,
-        ],
+        route_handlers=[route.handler for route in routes],
         dependencies={
             "models": Provide(lambda: models, use_cache=True, sync_to_thread=False),
             "metrics": Provide(lambda: metrics, use_cache=True, sync_to_thread=False),
@@ -133,6 +110,7 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
         },
         exception_handlers=exception_handlers,
         lifespan=[access, engines],
+        # for in-process inspection (tests, embedding); nothing on the request path reads it
         state=State({"security_holder": holder}),
         request_max_body_size=settings.server.max_request_bytes,
         openapi_config=None,
@@ -141,7 +119,8 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
     )
     # Outside Litestar's router (not as route middleware): unrouted requests (404, 405) get a
     # request id and a log line too.
-    app.asgi_handler = RequestLogMiddleware(AuthMiddleware(app.asgi_handler, holder), metrics)
+    authenticated = AuthMiddleware(app.asgi_handler, holder, public_paths(routes))
+    app.asgi_handler = RequestLogMiddleware(authenticated, metrics, RouteTemplates(paths(routes)))
     return app
 
 

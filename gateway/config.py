@@ -202,7 +202,7 @@ class LimitSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
 
     def __post_init__(self) -> None:
         if self.redis_url:
-            from .limits.resp import parse_redis_url  # what the limiter will connect with
+            from .access.limits.resp import parse_redis_url  # what the limiter will connect with
 
             parse_redis_url(self.redis_url)  # raises ValueError naming what it does not take
 

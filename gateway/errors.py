@@ -14,6 +14,7 @@
     ├── Overloaded                     429 rate_limit_error       code=engine_overloaded
     ├── RateLimited                    429 rate_limit_error       code=rate_limit_exceeded
     ├── ServiceUnavailable             503 server_error           code=service_unavailable
+    ├── ClientClosedRequest            499 invalid_request_error  code=client_disconnected
     └── InternalError                  500 server_error           code=internal_error
 
 Every message is written by us: it may name a parameter, never repeat what the client sent
@@ -36,6 +37,7 @@ from litestar.exceptions import HTTPException
 from backends import errors as engine_errors
 
 __all__ = [
+    "ClientClosedRequest",
     "ContextLengthExceeded",
     "GatewayError",
     "InternalError",

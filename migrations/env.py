@@ -26,8 +26,8 @@ def _module_exists(name: str) -> bool:
     return found and importlib.util.find_spec(name) is not None
 
 
-if _module_exists("gateway.auth.schema"):
-    importlib.import_module("gateway.auth.schema")
+if _module_exists("gateway.access.auth.schema"):
+    importlib.import_module("gateway.access.auth.schema")
 
 config = context.config
 target_metadata = metadata

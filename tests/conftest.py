@@ -11,9 +11,9 @@ import pytest
 from e2e.server_process import TEST_KEYS, seed_data_dir  # tests/ is on sys.path
 
 from gateway.config import Settings, load_settings
-from gateway.keys import key_store
-from gateway.kms import KeyProviders
-from gateway.weights import ensure_default_bundle
+from gateway.access.keys import key_store
+from gateway.engines.key_providers import KeyProviders
+from gateway.engines.sources import ensure_default_bundle
 
 GGUF_SIZE = 253_113_024
 

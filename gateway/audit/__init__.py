@@ -27,7 +27,6 @@ from .event import (
 )
 from .export import Format, export, export_csv, export_jsonl, export_ocsf
 from .query import AuditFilter, get, search
-from .throughput import measure_throughput
 from .verify import Problem, VerifyReport, verify
 from .writer import AuditWriter, WriterStats
 
@@ -58,7 +57,6 @@ __all__ = [
     "export_jsonl",
     "export_ocsf",
     "get",
-    "measure_throughput",
     "new_event_id",
     "search",
     "verify",

@@ -1,10 +1,11 @@
 """The one audit writer: a task that owns the chain head and commits events in groups.
 
 Appenders put `(event, future)` on a queue and await the future; the writer takes everything
-queued (up to `batch_max`), assigns the next sequence numbers, computes the row hashes, inserts
-the rows (and any checkpoint that fell due) in ONE transaction, and resolves the futures only
-after COMMIT returned.  Whatever arrives while a commit runs goes into the next one: group
-commit, so a thousand concurrent requests cost a handful of fsyncs, not a thousand.
+queued (up to `batch_max`), extends the chain head with it (`_head.py`: the next sequence
+numbers, the row hashes, any checkpoint that fell due), inserts those rows and checkpoints in ONE
+transaction, and resolves the futures only after COMMIT returned.  Whatever arrives while a
+commit runs goes into the next one: group commit, so a thousand concurrent requests cost a
+handful of fsyncs, not a thousand.
 
 Failure: if a transaction fails, every event in it raises `AuditUnavailable` and the writer
 forgets its head; the next batch re-reads the head from the database (which also repairs the
@@ -31,7 +32,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
 
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -39,9 +39,8 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ._head import Head, checkpoint_tail, extend, read_head
 from ._sqlite_batch import SqliteBatchWriter
-from .chain import GENESIS, link
-from .checkpoint import Checkpoint, checkpoint_from_row, make_checkpoint
 from .errors import AuditCorrupt, AuditRejected, AuditUnavailable
 from .event import AuditEvent, encode_event
 from .schema import audit_checkpoints, audit_events
@@ -63,15 +62,6 @@ class WriterStats(msgspec.Struct, kw_only=True):
     failures: int = 0  # transactions that failed
     rejected: int = 0
     dropped: int = 0  # append_nowait events not queued (writer stopped or queue full)
-
-
-class _Head(msgspec.Struct, frozen=True, kw_only=True):
-    """The chain as the database last confirmed it."""
-
-    seq: int
-    row_hash: str
-    checkpoint: Checkpoint | None
-    pending: tuple[str, ...]  # row hashes after the last checkpoint
 
 
 class AuditWriter:
@@ -100,7 +90,7 @@ class AuditWriter:
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue(queue_max)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._head: _Head | None = None
+        self._head: Head | None = None
         self._pending_since: float | None = None  # loop time the oldest unchecked row committed
         self._sqlite: SqliteBatchWriter | None = None  # SQLite: batches in one thread hop
         self.stats = WriterStats()
@@ -241,7 +231,13 @@ class AuditWriter:
             try:
                 head = self._head or await self._load_head()
                 self._head = head
-                rows, checkpoints, new_head = self._extend(head, [event for event, _ in batch])
+                rows, checkpoints, new_head = extend(
+                    head,
+                    [event for event, _ in batch],
+                    every=self._every,
+                    ts_us=int(self._clock() * 1_000_000),
+                    signing_key=self._key,
+                )
                 cp_rows = [msgspec.to_builtins(c) for c in checkpoints]
                 if self._sqlite is not None:
                     await self._sqlite.write(rows, cp_rows)
@@ -277,7 +273,7 @@ class AuditWriter:
             return
         self._fail(batch, RuntimeError("the audit chain kept moving under this writer"))
 
-    def _committed(self, head: _Head, new_head: _Head, batch: list[_Item], cps: int) -> None:
+    def _committed(self, head: Head, new_head: Head, batch: list[_Item], cps: int) -> None:
         self._head = new_head
         if not new_head.pending:
             self._pending_since = None
@@ -326,39 +322,13 @@ class AuditWriter:
                 kept.append((event, future))
         return kept
 
-    def _extend(
-        self, head: _Head, events: Sequence[AuditEvent]
-    ) -> tuple[list[dict[str, Any]], list[Checkpoint], _Head]:
-        seq, prev, checkpoint = head.seq, head.row_hash, head.checkpoint
-        pending = list(head.pending)
-        rows: list[dict[str, Any]] = []
-        checkpoints: list[Checkpoint] = []
-        now_us = int(self._clock() * 1_000_000)
-        for event in events:
-            seq += 1
-            row = link(prev, seq, event)
-            prev = row["row_hash"]
-            rows.append(row)
-            pending.append(prev)
-            if len(pending) == self._every:
-                checkpoint = make_checkpoint(
-                    checkpoint, pending, ts_us=now_us, signing_key=self._key
-                )
-                checkpoints.append(checkpoint)
-                pending = []
-        new_head = _Head(seq=seq, row_hash=prev, checkpoint=checkpoint, pending=tuple(pending))
-        return rows, checkpoints, new_head
-
     async def _checkpoint_pending(self) -> None:
         """Sign the rows after the last checkpoint, in a transaction of its own."""
         head = self._head
         if head is None or not head.pending:
             return
-        checkpoint = make_checkpoint(
-            head.checkpoint,
-            head.pending,
-            ts_us=int(self._clock() * 1_000_000),
-            signing_key=self._key,
+        checkpoint, checked = checkpoint_tail(
+            head, ts_us=int(self._clock() * 1_000_000), signing_key=self._key
         )
         try:
             async with self._engine.begin() as conn:
@@ -369,44 +339,18 @@ class AuditWriter:
             self.stats.failures += 1
             _log.error("audit checkpoint failed (%s)", _describe(exc))
             return
-        self._head = msgspec.structs.replace(head, checkpoint=checkpoint, pending=())
+        self._head = checked
         self._pending_since = None
         self.stats.checkpoints += 1
 
-    async def _load_head(self) -> _Head:
+    async def _load_head(self) -> Head:
         try:
-            async with self._engine.connect() as conn:
-                last = (
-                    await conn.execute(
-                        select(audit_events.c.seq, audit_events.c.row_hash)
-                        .order_by(audit_events.c.seq.desc())
-                        .limit(1)
-                    )
-                ).first()
-                cp_row = (
-                    await conn.execute(
-                        select(audit_checkpoints).order_by(audit_checkpoints.c.id.desc()).limit(1)
-                    )
-                ).first()
-                checkpoint = checkpoint_from_row(cp_row) if cp_row else None
-                after = checkpoint.last_seq if checkpoint else 0
-                pending = (
-                    await conn.execute(
-                        select(audit_events.c.row_hash)
-                        .where(audit_events.c.seq > after)
-                        .order_by(audit_events.c.seq)
-                    )
-                ).scalars()
-                pending_hashes = tuple(pending)
+            return await read_head(self._engine)
+        except AuditCorrupt:
+            raise
         except Exception as exc:
             _log.error("audit head unreadable (%s)", _describe(exc))
             raise AuditUnavailable("the audit log is unavailable") from exc
-        seq, row_hash = (int(last.seq), str(last.row_hash)) if last else (0, GENESIS)
-        if seq < after:
-            raise AuditCorrupt(
-                f"the last checkpoint covers seq {after} but the last row is {seq}; run verify"
-            )
-        return _Head(seq=seq, row_hash=row_hash, checkpoint=checkpoint, pending=pending_hashes)
 
 
 async def _sqlite_batch_writer(engine: AsyncEngine) -> SqliteBatchWriter | None:

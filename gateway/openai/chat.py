@@ -1,9 +1,8 @@
-"""POST /v1/chat/completions."""
+"""POST /v1/chat/completions: the chat wire format <-> the pipeline's facts and events."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -11,23 +10,17 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.response import Stream
 
-from backends.types import ChatMessage, GenerationDelta, GenerationRequest, TokenLogprob
+from backends.types import ChatMessage, GenerationDelta, TokenLogprob, Usage
 
-from ..errors import InvalidRequest, UnsupportedParameter
-from ..reqlog import request_info
+from ..errors import GatewayError, InvalidRequest, UnsupportedParameter
+from ..http.authn import caller
+from ..http.decode import decode
+from ..http.disconnect import disconnected
+from ..http.request_log import RequestInfo, request_info
+from ..pipeline import Generation, InferenceRequest, Pipeline
 from . import types as t
-from ._decode import decode
-from ._pipeline import (
-    SSE_DONE,
-    SSE_HEADERS,
-    Run,
-    Services,
-    TextFrame,
-    finish_reason,
-    sampling_params,
-    sse,
-    stop_strings,
-)
+from .sampling import audit_sampling, finish_reason, sampling_params, stop_strings
+from .sse import SSE_DONE, SSE_HEADERS, TextFrame, sse, sse_error
 
 __all__ = ["chat_completions"]
 
@@ -58,9 +51,9 @@ def _messages(body: t.ChatCompletionRequest) -> tuple[ChatMessage, ...]:
     return tuple(out)
 
 
-def _to_engine(
-    body: t.ChatCompletionRequest, request_id: str, max_tokens: int | None
-) -> GenerationRequest:
+def _facts(
+    request: Request[Any, Any, Any], body: t.ChatCompletionRequest, raw: bytes, log: RequestInfo
+) -> InferenceRequest:
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs requires logprobs to be true.", param="top_logprobs")
     if body.stream_options is not None and not body.stream:
@@ -75,13 +68,26 @@ def _to_engine(
         raise InvalidRequest(
             "max_tokens and max_completion_tokens disagree; send one.", param="max_tokens"
         )
-    return GenerationRequest(
-        request_id=request_id,
+    generation = Generation(
         messages=_messages(body),
-        max_tokens=max_tokens,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
         stop=stop_strings(body.stop),
         sampling=sampling_params(body),
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+    )
+    return InferenceRequest(
+        request_id=log.request_id,
+        principal=caller(request),
+        action="chat.completions",
+        route=log.route,
+        model=body.model,
+        prompt_bytes=len(raw),
+        stream=body.stream,
+        generation=generation,
+        sampling=audit_sampling(body),
+        prompt_param="messages",
+        n=body.n,
+        traceparent=request.headers.get("traceparent"),
     )
 
 
@@ -101,59 +107,44 @@ def _logprobs(items: tuple[TokenLogprob, ...]) -> list[t.TokenInfo]:
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(
-    request: Request[Any, Any, Any], inference: NamedDependency[Services]
+    request: Request[Any, Any, Any], inference: NamedDependency[Pipeline]
 ) -> Response[Any]:
     """Create a chat completion (OpenAI-compatible; streaming with `stream: true`)."""
-    info = request_info(request.scope)
+    log = request_info(request.scope)
     raw = await request.body()
     body = decode(_decoder, raw)
-    model = inference.models.resolve(body.model)
-    asked = body.max_completion_tokens or body.max_tokens
-    run = await Run.begin(
-        request,
-        body,
-        raw,
-        [_to_engine(body, info.request_id, asked)],
-        model=model,
-        info=info,
-        services=inference,
-        action="chat.completions",
-        prompt_param="messages",
-    )
-    admitted = run.admitted
-    response_id = f"chatcmpl-{info.request_id}"
+    run = await inference.start(_facts(request, body, raw, log), log)
+    response_id = f"chatcmpl-{log.request_id}"
     created = int(time.time())
-    want_logprobs = body.logprobs
+    model = run.model.id
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
+        encoder = _ChatStream(response_id, created, model, usage, body.logprobs)
         return Stream(
-            _stream(run, response_id, created, model.id, usage, want_logprobs),
+            run.stream(encoder),
             media_type="text/event-stream",
-            headers={**SSE_HEADERS, **admitted.headers},
+            headers={**SSE_HEADERS, **run.headers},
         )
-    deltas = (await run.collect(request))[0]
-    final = deltas[-1]
-    assert final.usage is not None
-    logprobs = None
-    if want_logprobs:
-        logprobs = t.ChatLogprobs([x for d in deltas for x in _logprobs(d.logprobs)])
-    completion = t.ChatCompletion(
-        id=response_id,
-        created=created,
-        model=model.id,
-        choices=[
-            t.ChatChoice(
-                0,
-                t.ResponseMessage("assistant", "".join(d.text for d in deltas)),
-                finish_reason(final),
-                logprobs,
+
+    def render(choices: list[list[GenerationDelta]]) -> bytes:
+        deltas = choices[0]
+        final = deltas[-1]
+        logprobs = None
+        if body.logprobs:
+            logprobs = t.ChatLogprobs([x for d in deltas for x in _logprobs(d.logprobs)])
+        message = t.ResponseMessage("assistant", "".join(d.text for d in deltas))
+        return _encode(
+            t.ChatCompletion(
+                id=response_id,
+                created=created,
+                model=model,
+                choices=[t.ChatChoice(0, message, finish_reason(final), logprobs)],
+                usage=_usage(final),
             )
-        ],
-        usage=_usage(final),
-    )
-    payload = _encode(completion)
-    await run.complete(response_bytes=len(payload))
-    return Response(payload, media_type="application/json", headers=admitted.headers)
+        )
+
+    payload = await run.result(render, disconnected(request))
+    return Response(payload, media_type="application/json", headers=run.headers)
 
 
 def _usage(delta: GenerationDelta) -> t.UsageInfo:
@@ -162,31 +153,46 @@ def _usage(delta: GenerationDelta) -> t.UsageInfo:
     return t.UsageInfo(p, c, p + c)
 
 
-async def _stream(
-    run: Run, response_id: str, created: int, model: str, include_usage: bool, want_logprobs: bool
-) -> AsyncIterator[bytes]:
-    def chunk(choices: list[t.ChunkChoice], usage: t.UsageInfo | None = None) -> bytes:
-        return sse(t.ChatCompletionChunk(response_id, created, model, choices, usage=usage))
+class _ChatStream:
+    """chat.completion.chunk events: the role first, then text (and logprobs), then the
+    finish reason; usage (when asked) and [DONE] once the completion is audited."""
 
-    text_frame = TextFrame(
-        lambda text: t.ChatCompletionChunk(
-            response_id, created, model, [t.ChunkChoice(0, t.Delta(content=text))]
+    def __init__(
+        self, response_id: str, created: int, model: str, include_usage: bool, logprobs: bool
+    ) -> None:
+        self._id, self._created, self._model = response_id, created, model
+        self._include_usage = include_usage
+        self._logprobs = logprobs
+        self._text = TextFrame(
+            lambda text: t.ChatCompletionChunk(
+                response_id, created, model, [t.ChunkChoice(0, t.Delta(content=text))]
+            )
         )
-    )
-    yield chunk([t.ChunkChoice(0, t.Delta(role="assistant", content=""))])
-    try:
-        async for _, delta in run.deltas():
-            if want_logprobs and delta.logprobs:
-                logprobs = t.ChatLogprobs(_logprobs(delta.logprobs))
-                yield chunk([t.ChunkChoice(0, t.Delta(content=delta.text), None, logprobs)])
-            elif delta.text:
-                yield text_frame(delta.text)
-            if delta.finish_reason is not None:
-                yield chunk([t.ChunkChoice(0, t.Delta(), finish_reason(delta))])
-                await run.complete()  # audited before the usage chunk and [DONE]
-                if include_usage:
-                    yield chunk([], _usage(delta))
-    except Exception as exc:
-        yield run.stream_error(exc)
-        return
-    yield SSE_DONE
+
+    def _chunk(self, choices: list[t.ChunkChoice], usage: t.UsageInfo | None = None) -> bytes:
+        return sse(
+            t.ChatCompletionChunk(self._id, self._created, self._model, choices, usage=usage)
+        )
+
+    def opening(self) -> bytes:
+        return self._chunk([t.ChunkChoice(0, t.Delta(role="assistant", content=""))])
+
+    def delta(self, index: int, delta: GenerationDelta) -> bytes:
+        out = b""
+        if self._logprobs and delta.logprobs:
+            logprobs = t.ChatLogprobs(_logprobs(delta.logprobs))
+            out = self._chunk([t.ChunkChoice(0, t.Delta(content=delta.text), None, logprobs)])
+        elif delta.text:
+            out = self._text(delta.text)
+        if delta.finish_reason is not None:
+            out += self._chunk([t.ChunkChoice(0, t.Delta(), finish_reason(delta))])
+        return out
+
+    def closing(self, usage: Usage) -> bytes:
+        if not self._include_usage:
+            return SSE_DONE
+        p, c = usage.prompt_tokens, usage.completion_tokens
+        return self._chunk([], t.UsageInfo(p, c, p + c)) + SSE_DONE
+
+    def failure(self, error: GatewayError) -> bytes:
+        return sse_error(error)

@@ -1,9 +1,10 @@
-"""POST /v1/completions (the legacy text-completion API: raw prompts, echo, logprobs)."""
+"""POST /v1/completions (the legacy text-completion API: raw prompts, echo, logprobs): the wire
+format <-> the pipeline's facts and events."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -11,23 +12,17 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.response import Stream
 
-from backends.types import GenerationRequest, TokenLogprob
+from backends.types import GenerationDelta, TokenLogprob, Usage
 
-from ..errors import InvalidRequest
-from ..reqlog import request_info
+from ..errors import GatewayError, InvalidRequest
+from ..http.authn import caller
+from ..http.decode import decode
+from ..http.disconnect import disconnected
+from ..http.request_log import RequestInfo, request_info
+from ..pipeline import Generation, InferenceRequest, Pipeline, RawPrompt
 from . import types as t
-from ._decode import decode
-from ._pipeline import (
-    SSE_DONE,
-    SSE_HEADERS,
-    Run,
-    Services,
-    TextFrame,
-    finish_reason,
-    sampling_params,
-    sse,
-    stop_strings,
-)
+from .sampling import audit_sampling, finish_reason, sampling_params, stop_strings
+from .sse import SSE_DONE, SSE_HEADERS, TextFrame, sse, sse_error
 
 __all__ = ["completions"]
 
@@ -36,7 +31,7 @@ _encode = msgspec.json.Encoder().encode
 MAX_PROMPTS = 16
 
 
-def _prompts(prompt: t.Prompt) -> list[str | tuple[int, ...]]:
+def _prompts(prompt: t.Prompt) -> list[RawPrompt]:
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
@@ -52,30 +47,35 @@ def _prompts(prompt: t.Prompt) -> list[str | tuple[int, ...]]:
     )
 
 
-def _to_engine(
-    body: t.CompletionRequest, request_id: str, max_tokens: int | None
-) -> list[GenerationRequest]:
+def _facts(
+    request: Request[Any, Any, Any], body: t.CompletionRequest, raw: bytes, log: RequestInfo
+) -> InferenceRequest:
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest(
             "stream_options is only allowed when stream is true.", param="stream_options"
         )
-    sampling = sampling_params(body)
-    out = []
-    for i, prompt in enumerate(_prompts(body.prompt)):
-        text, tokens = (prompt, None) if isinstance(prompt, str) else (None, prompt)
-        out.append(
-            GenerationRequest(
-                request_id=f"{request_id}-{i}",
-                prompt=text,
-                prompt_tokens=tokens,
-                max_tokens=max_tokens,
-                stop=stop_strings(body.stop),
-                sampling=sampling,
-                logprobs=body.logprobs,
-                echo_prompt=body.echo,
-            )
-        )
-    return out
+    generation = Generation(
+        prompts=tuple(_prompts(body.prompt)),
+        max_tokens=body.max_tokens,
+        stop=stop_strings(body.stop),
+        sampling=sampling_params(body),
+        logprobs=body.logprobs,
+        echo_prompt=body.echo,
+    )
+    return InferenceRequest(
+        request_id=log.request_id,
+        principal=caller(request),
+        action="completions",
+        route=log.route,
+        model=body.model,
+        prompt_bytes=len(raw),
+        stream=body.stream,
+        generation=generation,
+        sampling=audit_sampling(body),
+        prompt_param="prompt",
+        n=body.n,
+        traceparent=request.headers.get("traceparent"),
+    )
 
 
 class _Logprobs:
@@ -102,105 +102,105 @@ class _Logprobs:
 
 @post("/v1/completions", status_code=200)
 async def completions(
-    request: Request[Any, Any, Any], inference: NamedDependency[Services]
+    request: Request[Any, Any, Any], inference: NamedDependency[Pipeline]
 ) -> Response[Any]:
     """Create a text completion (OpenAI-compatible legacy API)."""
-    info = request_info(request.scope)
+    log = request_info(request.scope)
     raw = await request.body()
     body = decode(_decoder, raw)
-    model = inference.models.resolve(body.model)
-    run = await Run.begin(
-        request,
-        body,
-        raw,
-        _to_engine(body, info.request_id, body.max_tokens),
-        model=model,
-        info=info,
-        services=inference,
-        action="completions",
-        prompt_param="prompt",
-    )
-    admitted = run.admitted
-    response_id = f"cmpl-{info.request_id}"
+    run = await inference.start(_facts(request, body, raw, log), log)
+    response_id = f"cmpl-{log.request_id}"
     created = int(time.time())
+    model = run.model.id
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
+        encoder = _CompletionStream(
+            response_id, created, model, run.sequences, usage, body.logprobs is not None
+        )
         return Stream(
-            _stream(run, response_id, created, model.id, usage, body.logprobs is not None),
+            run.stream(encoder),
             media_type="text/event-stream",
-            headers={**SSE_HEADERS, **admitted.headers},
-        )
-    choices = []
-    prompt_tokens = completion_tokens = 0
-    for index, deltas in enumerate(await run.collect(request)):
-        final = deltas[-1]
-        assert final.usage is not None
-        prompt_tokens += final.usage.prompt_tokens
-        completion_tokens += final.usage.completion_tokens
-        head = deltas[0]
-        text = (head.prompt_text or "") + "".join(d.text for d in deltas)
-        logprobs = None
-        if body.logprobs is not None:
-            acc = _Logprobs()
-            acc.add(head.prompt_logprobs)
-            for d in deltas:
-                acc.add(d.logprobs)
-            logprobs = acc.value
-        choices.append(t.CompletionChoice(index, text, finish_reason(final), logprobs))
-    result = t.Completion(
-        id=response_id,
-        created=created,
-        model=model.id,
-        choices=choices,
-        usage=t.UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens),
-    )
-    payload = _encode(result)
-    await run.complete(response_bytes=len(payload))
-    return Response(payload, media_type="application/json", headers=admitted.headers)
-
-
-async def _stream(
-    run: Run, response_id: str, created: int, model: str, include_usage: bool, want_logprobs: bool
-) -> AsyncIterator[bytes]:
-    prompt_tokens = completion_tokens = 0
-    offsets = [_Logprobs() for _ in run.handles]
-    pending = len(run.handles)
-
-    def text_chunk(index: int) -> Callable[[str], t.Completion]:
-        return lambda text: t.Completion(
-            response_id, created, model, [t.CompletionChoice(index, text, None)]
+            headers={**SSE_HEADERS, **run.headers},
         )
 
-    text_frames = [TextFrame(text_chunk(i)) for i in range(len(run.handles))]
-    try:
-        async for index, delta in run.deltas():
-            text = (delta.prompt_text or "") + delta.text
-            if text and not want_logprobs and delta.finish_reason is None:
-                yield text_frames[index](text)  # the common case: a token's text, no more
-                continue
+    def render(per_choice: list[list[GenerationDelta]]) -> bytes:
+        choices = []
+        prompt_tokens = completion_tokens = 0
+        for index, deltas in enumerate(per_choice):
+            final = deltas[-1]
+            assert final.usage is not None
+            prompt_tokens += final.usage.prompt_tokens
+            completion_tokens += final.usage.completion_tokens
+            head = deltas[0]
+            text = (head.prompt_text or "") + "".join(d.text for d in deltas)
             logprobs = None
-            if want_logprobs:
-                acc = offsets[index]
-                acc.value = t.CompletionLogprobs([], [], [], [])
-                acc.add(delta.prompt_logprobs)
-                acc.add(delta.logprobs)
-                logprobs = acc.value if acc.value.tokens else None
-            finish = finish_reason(delta) if delta.finish_reason is not None else None
-            if text or logprobs is not None or finish is not None:
-                choice = t.CompletionChoice(index, text, finish, logprobs)
-                yield sse(t.Completion(response_id, created, model, [choice]))
-            if delta.usage is not None and finish is not None:
-                prompt_tokens += delta.usage.prompt_tokens
-                completion_tokens += delta.usage.completion_tokens
-                pending -= 1
-                if pending == 0:
-                    await run.complete()  # audited before the usage chunk and [DONE]
-                if pending == 0 and include_usage:
-                    usage = t.UsageInfo(
-                        prompt_tokens, completion_tokens, prompt_tokens + completion_tokens
-                    )
-                    yield sse(t.Completion(response_id, created, model, [], usage))
-    except Exception as exc:
-        yield run.stream_error(exc)
-        return
-    yield SSE_DONE
+            if body.logprobs is not None:
+                acc = _Logprobs()
+                acc.add(head.prompt_logprobs)
+                for d in deltas:
+                    acc.add(d.logprobs)
+                logprobs = acc.value
+            choices.append(t.CompletionChoice(index, text, finish_reason(final), logprobs))
+        usage = t.UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+        return _encode(
+            t.Completion(id=response_id, created=created, model=model, choices=choices, usage=usage)
+        )
+
+    payload = await run.result(render, disconnected(request))
+    return Response(payload, media_type="application/json", headers=run.headers)
+
+
+class _CompletionStream:
+    """text_completion events, one choice per prompt; usage (when asked) and [DONE] once the
+    completion is audited."""
+
+    def __init__(
+        self,
+        response_id: str,
+        created: int,
+        model: str,
+        choices: int,
+        include_usage: bool,
+        logprobs: bool,
+    ) -> None:
+        self._id, self._created, self._model = response_id, created, model
+        self._include_usage = include_usage
+        self._logprobs = logprobs
+        self._offsets = [_Logprobs() for _ in range(choices)]
+
+        def text_chunk(index: int) -> Callable[[str], t.Completion]:
+            return lambda text: t.Completion(
+                response_id, created, model, [t.CompletionChoice(index, text, None)]
+            )
+
+        self._text = [TextFrame(text_chunk(i)) for i in range(choices)]
+
+    def opening(self) -> bytes:
+        return b""
+
+    def delta(self, index: int, delta: GenerationDelta) -> bytes:
+        text = (delta.prompt_text or "") + delta.text
+        if text and not self._logprobs and delta.finish_reason is None:
+            return self._text[index](text)  # the common case: a token's text, no more
+        logprobs = None
+        if self._logprobs:
+            acc = self._offsets[index]
+            acc.value = t.CompletionLogprobs([], [], [], [])
+            acc.add(delta.prompt_logprobs)
+            acc.add(delta.logprobs)
+            logprobs = acc.value if acc.value.tokens else None
+        finish = finish_reason(delta) if delta.finish_reason is not None else None
+        if text or logprobs is not None or finish is not None:
+            choice = t.CompletionChoice(index, text, finish, logprobs)
+            return sse(t.Completion(self._id, self._created, self._model, [choice]))
+        return b""
+
+    def closing(self, usage: Usage) -> bytes:
+        if not self._include_usage:
+            return SSE_DONE
+        p, c = usage.prompt_tokens, usage.completion_tokens
+        summary = t.Completion(self._id, self._created, self._model, [], t.UsageInfo(p, c, p + c))
+        return sse(summary) + SSE_DONE
+
+    def failure(self, error: GatewayError) -> bytes:
+        return sse_error(error)

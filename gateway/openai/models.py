@@ -11,10 +11,10 @@ from litestar.params import FromPath
 
 import policies
 
-from ..auth import Principal
+from ..access.auth import Principal
+from ..access.stack import Security
+from ..engines.registry import ModelRegistry, ServedModel
 from ..errors import ModelNotFound
-from ..registry import ModelRegistry, ServedModel
-from ..security import Security
 from . import types as t
 
 __all__ = ["get_model", "list_models"]
@@ -54,18 +54,18 @@ async def list_models(
     return Response(_encode(t.ModelList(data)), media_type="application/json")
 
 
-@get("/v1/models/{model_id:path}")
+@get("/v1/models/{model:path}")
 async def get_model(
-    model_id: FromPath[str],
+    model: FromPath[str],
     models: NamedDependency[ModelRegistry],
     security: NamedDependency[Security],
     principal: NamedDependency[Principal],
 ) -> Response[Any]:
     """One model by id or alias (404 as well when the caller's policy does not allow it)."""
-    name = model_id.lstrip("/")
-    model = models.resolve(name)
-    if not _visible(security, principal, model):
+    name = model.lstrip("/")
+    served = models.resolve(name)
+    if not _visible(security, principal, served):
         raise ModelNotFound(
             "the model does not exist or you do not have access to it", param="model"
         )
-    return Response(_encode(_card(name, model)), media_type="application/json")
+    return Response(_encode(_card(name, served)), media_type="application/json")

@@ -27,9 +27,10 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["Candidate", "EngineClass", "Route", "RouteReason", "predicted_wait", "route"]
+from policies import EngineClass
 
-EngineClass = Literal["gpu", "edge"]
+__all__ = ["Candidate", "Route", "RouteReason", "predicted_wait", "route"]
+
 RouteReason = Literal[
     "gpu", "edge", "overflow", "engine_queue", "saturated", "unavailable", "no_deployment"
 ]

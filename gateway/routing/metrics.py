@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..loop_metrics import LoopCounter, LoopHistogram
+from ..telemetry.loop_metrics import LoopCounter, LoopHistogram
 
 if TYPE_CHECKING:
-    from ..registry import ModelRegistry
+    from ..engines.registry import ModelRegistry
 
 __all__ = ["RouterMetrics"]
 

@@ -18,16 +18,18 @@ import math
 import time
 from typing import TYPE_CHECKING
 
+from policies import EngineClass
+
 from ..config import RoutingSettings
 from ..errors import Overloaded, PolicyDenied, ServiceUnavailable
-from .breaker import CircuitBreaker
-from .decide import Candidate, EngineClass, Route, RouteReason, route
+from .decide import Candidate, Route, RouteReason, route
+from .metrics import RouterMetrics
 from .queue import GatewayQueue, QueueRefused
 
 if TYPE_CHECKING:
-    from ..registry import Deployment, ModelRegistry, ServedModel
-    from ..reqlog import RequestInfo
-    from .metrics import RouterMetrics
+    from prometheus_client import CollectorRegistry
+
+    from ..engines.registry import Deployment, ModelRegistry, ServedModel
 
 __all__ = ["Lease", "Router"]
 
@@ -71,28 +73,35 @@ class Lease:
 
 
 class Router:
+    """Routes requests to the deployments of `models`: a gateway queue per model; each
+    deployment's own circuit breaker (made with the deployment, see `Deployment`).
+
+    With a Prometheus `registry` the router registers its `airgate_router_*` series there;
+    without one (tests) it keeps no metrics.
+    """
+
     def __init__(
         self,
         models: ModelRegistry,
         settings: RoutingSettings,
-        metrics: RouterMetrics | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.settings = settings
-        self.metrics = metrics
         self._queues = {
             m.id: GatewayQueue(settings.queue_size, team_share=settings.team_share)
             for m in models.models
         }
         self._model_of = {d.name: d.model_id for d in models.deployments}
-        for d in models.deployments:
-            d.breaker = CircuitBreaker(
-                failure_threshold=settings.breaker_failures, open_s=settings.breaker_open_s
-            )
+        self.metrics = (
+            RouterMetrics(registry, models, self.queue_depth) if registry is not None else None
+        )
 
-    def observe_overhead(self, info: RequestInfo, lease: Lease) -> None:
-        """The gateway's own time on a request that has just reached its engine."""
+    def observe_overhead(self, started: float, lease: Lease) -> None:
+        """The gateway's own time on a request that has just reached its engine (`started`:
+        its arrival, perf_counter)."""
         if self.metrics is not None:
-            spent = time.perf_counter() - info.started - lease.queued_s
+            spent = time.perf_counter() - started - lease.queued_s
             self.metrics.overhead.observe(max(0.0, spent))
 
     def retried(self, model: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from gateway.config import load_settings
-from gateway.keys import key_store
+from gateway.access.keys import key_store
 
 MODEL = "gemma-3-270m"
 # The base model stops after a few tokens; banning <eos>, <end_of_turn> and </s> makes every

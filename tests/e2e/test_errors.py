@@ -22,7 +22,7 @@ import pytest
 from openai import OpenAI
 from server_process import MODEL, NO_END, Server
 
-from gateway.auth import generate_api_key, parse_api_key
+from gateway.access.auth import generate_api_key, parse_api_key
 
 pytestmark = pytest.mark.e2e
 

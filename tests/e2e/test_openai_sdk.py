@@ -12,7 +12,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from server_process import MODEL, NO_END, Server
 
-from gateway.auth import generate_api_key
+from gateway.access.auth import generate_api_key
 
 pytestmark = pytest.mark.e2e
 

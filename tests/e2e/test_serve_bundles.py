@@ -31,7 +31,7 @@ from server_process import (
     stop_and_check,
 )
 
-from gateway.auth import SCANNER_PATTERN
+from gateway.access.auth import SCANNER_PATTERN
 
 pytestmark = pytest.mark.e2e
 

@@ -67,11 +67,11 @@ from server_process import (
 )
 
 from gateway.audit import Format, export
-from gateway.auth import KeyStore, parse_api_key
-from gateway.auth.apikeys import api_key_checksum
+from gateway.access.auth import KeyStore, parse_api_key
+from gateway.access.auth.apikeys import api_key_checksum
 from gateway.config import load_settings
 from gateway.db import create_db_engine, database_url
-from gateway.keys import key_store
+from gateway.access.keys import key_store
 
 pytestmark = pytest.mark.e2e
 

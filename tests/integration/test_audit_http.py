@@ -26,13 +26,13 @@ from litestar import Litestar
 from litestar.testing import TestClient
 
 from backends.echo import EchoEngine
+from gateway.access.stack import Security
 from gateway.app import create_app
 from gateway.audit import AuditEvent, AuditPrincipal, AuditWriter, new_event_id
 from gateway.audit.chain import row_hash
 from gateway.audit.export import CSV_COLUMNS
 from gateway.config import load_settings
-from gateway.registry import ModelRegistry, ServedModel
-from gateway.security import Security
+from gateway.engines.registry import ModelRegistry, ServedModel
 
 T0 = datetime(2020, 1, 1, tzinfo=UTC)
 SEEDED = 260

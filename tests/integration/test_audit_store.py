@@ -24,6 +24,7 @@ from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench.audit_throughput import measure_throughput
 from gateway.audit import (
     AuditEvent,
     AuditFilter,
@@ -35,7 +36,6 @@ from gateway.audit import (
     InvalidQuery,
     export,
     get,
-    measure_throughput,
     new_event_id,
     search,
     verify,

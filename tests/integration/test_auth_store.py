@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.auth import (
+from gateway.access.auth import (
     ApiKeyRecord,
     AuthConfigError,
     KeyExpired,
@@ -36,9 +36,9 @@ from gateway.auth import (
     generate_api_key,
     parse_api_key,
 )
-from gateway.auth import apikeys as apikeys_module
-from gateway.auth.apikeys import api_key_checksum
-from gateway.auth.schema import api_keys
+from gateway.access.auth import apikeys as apikeys_module
+from gateway.access.auth.apikeys import api_key_checksum
+from gateway.access.auth.schema import api_keys
 from gateway.db import create_db_engine, metadata
 from gateway.db.migrate import upgrade
 

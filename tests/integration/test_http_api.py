@@ -19,11 +19,11 @@ from litestar.testing import TestClient
 from backends.echo import EchoEngine
 from backends.errors import EngineFailure
 from backends.types import EngineLoad, GenerationDelta, GenerationRequest
+from gateway.access.auth import ApiKeyRecord
+from gateway.access.keys import key_store
 from gateway.app import create_app
-from gateway.auth import ApiKeyRecord
 from gateway.config import Settings, load_settings
-from gateway.keys import key_store
-from gateway.registry import ModelRegistry, ServedModel
+from gateway.engines.registry import ModelRegistry, ServedModel
 
 CANARY = "CANARY-7f3a9d-do-not-log"
 

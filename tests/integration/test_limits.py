@@ -25,15 +25,15 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from gateway.limits import (
+from gateway.access.limits import (
     Admission,
     FailoverLimiter,
     LimiterUnavailable,
     LocalLimiter,
     RedisLimiter,
 )
-from gateway.limits._lua import SCRIPT_SHA
-from gateway.limits.resp import PipelinedRedis
+from gateway.access.limits._lua import SCRIPT_SHA
+from gateway.access.limits.resp import PipelinedRedis
 
 SHARED_HOST, SHARED_PORT = "127.0.0.1", 6379
 PRINCIPAL = "key_7f3a9c"

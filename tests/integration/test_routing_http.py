@@ -31,10 +31,10 @@ from backends.errors import EngineFailure
 from backends.llamacpp import LlamaCppEngine, LlamaCppOptions
 from backends.types import Engine, EngineLoad, GenerationDelta, GenerationHandle, GenerationRequest
 from backends.vllm import VllmEngine, VllmOptions
+from gateway.access.keys import key_store
 from gateway.app import create_app
 from gateway.config import load_settings
-from gateway.keys import key_store
-from gateway.registry import Deployment, ModelRegistry, ServedModel
+from gateway.engines.registry import Deployment, ModelRegistry, ServedModel
 from gateway.routing import CircuitBreaker
 
 pytestmark = pytest.mark.engine
@@ -128,7 +128,14 @@ OPEN_S = 30.0
 
 class Gateway:
     def __init__(
-        self, base: str, key: str, gpu: Injected, edge: Injected, registry: ModelRegistry, db: Path
+        self,
+        base: str,
+        key: str,
+        gpu: Injected,
+        edge: Injected,
+        registry: ModelRegistry,
+        db: Path,
+        clock: Clock,
     ) -> None:
         self.base, self.key, self.gpu, self.edge, self.registry, self.db = (
             base,
@@ -139,7 +146,7 @@ class Gateway:
             db,
         )
         self.other_key = ""
-        self.clock = Clock()
+        self.clock = clock
         if base:
             self.connect(base)
 
@@ -243,14 +250,25 @@ def gateway(
     edge = Injected(
         LlamaCppEngine(str(gguf_path), LlamaCppOptions(slots=2, max_waiting=0, context_length=512))
     )
+    clock = Clock()
+
+    def breaker() -> CircuitBreaker:  # on the test's clock
+        return CircuitBreaker(failure_threshold=2, open_s=OPEN_S, clock=clock)
+
     registry = ModelRegistry(
-        [ServedModel(MODEL, [Deployment(GPU, gpu, engine_class="gpu"), Deployment(EDGE, edge)])]
+        [
+            ServedModel(
+                MODEL,
+                [
+                    Deployment(GPU, gpu, engine_class="gpu", breaker=breaker()),
+                    Deployment(EDGE, edge, breaker=breaker()),
+                ],
+            )
+        ]
     )
     app = create_app(settings, registry=registry)
-    gateway = Gateway("", key, gpu, edge, registry, data / "airgate.db")
+    gateway = Gateway("", key, gpu, edge, registry, data / "airgate.db", clock)
     gateway.other_key = other_key
-    for d in registry.deployments:  # breakers on the test's clock
-        d.breaker = CircuitBreaker(failure_threshold=2, open_s=OPEN_S, clock=gateway.clock)
     with serve_in_thread(app) as base:
         gateway.connect(base)
         yield gateway

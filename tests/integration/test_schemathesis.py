@@ -30,11 +30,11 @@ from schemathesis.checks import (
 )
 
 from backends.echo import EchoEngine
+from gateway.access.keys import key_store
 from gateway.app import create_app
 from gateway.config import Settings, load_settings
-from gateway.keys import key_store
-from gateway.openai.schema import openapi_document
-from gateway.registry import ModelRegistry, ServedModel
+from gateway.engines.registry import ModelRegistry, ServedModel
+from gateway.routes import document as openapi_document
 
 DOCUMENT = openapi_document("0")
 

@@ -46,13 +46,13 @@ from litestar.testing import TestClient
 
 from backends.echo import EchoEngine
 from backends.types import GenerationRequest
+from gateway.access.auth.apikeys import api_key_checksum, generate_api_key
+from gateway.access.limits import LocalLimiter
+from gateway.access.limits.gcra import default_request_burst
+from gateway.access.stack import Security
 from gateway.app import create_app
-from gateway.auth.apikeys import api_key_checksum, generate_api_key
 from gateway.config import load_settings
-from gateway.limits import LocalLimiter
-from gateway.limits.gcra import default_request_burst
-from gateway.registry import ModelRegistry, ServedModel
-from gateway.security import Security
+from gateway.engines.registry import ModelRegistry, ServedModel
 
 CANARY = "CANARY-5e1b77-security-prompt"
 STOP_CANARY = "CANARY-5e1b77-security-stop"

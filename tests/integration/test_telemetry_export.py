@@ -16,7 +16,7 @@ from opentelemetry.trace import Status, StatusCode
 from otlp_sink import OtlpSink  # tests/ is on sys.path
 
 from gateway.config import TelemetrySettings
-from gateway.telemetry import Telemetry
+from gateway.telemetry.traces import Telemetry
 
 CANARY = "CANARY-c41f0e5b"
 CONTENT = f"Please rewrite the layoff letter {CANARY} in a warmer tone"

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
-from gateway.auth import (
+from gateway.access.auth import (
     AuthConfigError,
     AuthenticationFailed,
     InvalidCertificate,

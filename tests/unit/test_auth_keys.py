@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.auth import (
+from gateway.access.auth import (
     SCANNER_PATTERN,
     AuthConfigError,
     AuthenticationFailed,
@@ -27,7 +27,7 @@ from gateway.auth import (
     load_or_create_pepper,
     parse_api_key,
 )
-from gateway.auth.apikeys import ALPHABET, api_key_checksum, is_key_id, secret_digest
+from gateway.access.auth.apikeys import ALPHABET, api_key_checksum, is_key_id, secret_digest
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 

@@ -16,7 +16,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gateway import errors
-from gateway.openai._decode import decode
+from gateway.http.decode import decode
 from gateway.openai.types import ChatCompletionRequest, CompletionRequest
 
 CHAT = msgspec.json.Decoder(ChatCompletionRequest)

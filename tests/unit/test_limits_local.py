@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.limits import (
+from gateway.access.limits import (
     Admission,
     FailoverLimiter,
     LimitArgumentError,

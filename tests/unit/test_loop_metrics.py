@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from gateway.loop_metrics import LoopCounter, LoopHistogram
+from gateway.telemetry.loop_metrics import LoopCounter, LoopHistogram
 
 BUCKETS = (0.005, 0.01, 0.1, 1.0, 2.5)
 LABELS = st.sampled_from([("m", "llama.cpp", "d1"), ("m", "vllm", "d2"), ("x", "echo", "x")])

@@ -1,4 +1,4 @@
-"""gateway/openai/_pipeline.py: OpenAI sampling parameters -> engine SamplingParams."""
+"""gateway/openai/sampling.py: OpenAI sampling parameters -> engine SamplingParams."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from backends.types import SamplingParams
 from gateway import errors
-from gateway.openai._decode import decode
-from gateway.openai._pipeline import sampling_params, stop_strings
+from gateway.http.decode import decode
+from gateway.openai.sampling import sampling_params, stop_strings
 from gateway.openai.types import ChatCompletionRequest, CompletionRequest
 
 CHAT = msgspec.json.Decoder(ChatCompletionRequest)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.limits.resp import PipelinedRedis, _encode
+from gateway.access.limits.resp import PipelinedRedis, _encode
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""gateway.telemetry: the export allow-list, the inference span API, the disabled path."""
+"""gateway.telemetry.traces: the export allow-list, the inference span API, the disabled path."""
 
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import AttributeValue
 
 from gateway.config import ConfigError, TelemetrySettings
-from gateway.telemetry import (
+from gateway.telemetry.export import (
     ALLOWED_ATTRIBUTES,
     AllowListExporter,
-    Telemetry,
     TelemetryConfigError,
     allowed_attributes,
 )
+from gateway.telemetry.traces import Telemetry
 
 CANARY = "CANARY-7f3a9c"
 CONTENT = f"Summarize the merger memo {CANARY} for the board"

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.openai import types as t
-from gateway.openai._pipeline import TextFrame, sse
+from gateway.openai.sse import TextFrame, sse
 
 
 def _chat(text: str) -> t.ChatCompletionChunk:

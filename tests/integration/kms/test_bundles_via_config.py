@@ -16,10 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from bundles import BundlePolicyError, open_bundle
-from gateway.cli import app
+from gateway.cli.main import app
 from gateway.config import load_settings
-from gateway.kms import KeyProviders
-from gateway.weights import trusted_keys
+from gateway.engines.key_providers import KeyProviders
+from gateway.engines.sources import trusted_keys
 
 if TYPE_CHECKING:  # the fixtures' value types; pytest imports conftest itself
     from conftest import FakeAwsKms, OpenBaoServer, SoftHsmToken

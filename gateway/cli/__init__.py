@@ -1,0 +1,11 @@
+"""The `airgate` command: `main` builds the typer app from the subcommand modules.
+
+main     serve, and the root command
+admin    keys, policy, audit, db
+bundles  bundle, signing-key, kms
+common   options and failure reporting every subcommand shares
+"""
+
+from .main import main
+
+__all__ = ["main"]

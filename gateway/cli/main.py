@@ -1,0 +1,197 @@
+"""The `airgate` command."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .. import env
+from ..config import ConfigError, Settings, load_settings
+from .admin import audit_app, db_app, keys_app, policy_app
+from .bundles import bundle_app, kms_app, signing_key_app
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="airgate",
+    help="Air-gapped enterprise LLM gateway: an OpenAI-compatible API over in-process engines.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+app.add_typer(bundle_app, name="bundle")
+app.add_typer(signing_key_app, name="signing-key")
+app.add_typer(kms_app, name="kms")
+app.add_typer(keys_app, name="keys")
+app.add_typer(policy_app, name="policy")
+app.add_typer(audit_app, name="audit")
+app.add_typer(db_app, name="db")
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"airgate: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    """Hold an exclusive lock on the data dir for the life of the process."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(data_dir / "airgate.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _fail(
+            f"data directory {data_dir} is in use by another airgate process; "
+            "give each instance its own --data-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+@app.command()
+def serve(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help=f"airgate.toml (also ${env.CONFIG}).")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port (default 8000; 0 picks a free one).")
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--data-dir",
+            help=f"Data directory (also ${env.DATA_DIR}; default under the user's data home).",
+        ),
+    ] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
+    insecure_plaintext_model: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-plaintext-model",
+            help="Also serve models given as plain files (`path`): unencrypted, unsigned weights.",
+        ),
+    ] = False,
+) -> None:
+    """Serve the OpenAI-compatible API.  With no configuration, serves Gemma 3 270M on llama.cpp."""
+    try:
+        settings = load_settings(
+            config,
+            overrides={
+                "server.host": host,
+                "server.port": port,
+                "server.log_level": log_level,
+                "data_dir": str(data_dir) if data_dir else None,
+            },
+        )
+    except ConfigError as exc:
+        raise _fail(f"configuration error: {exc}") from None
+    lock = _lock_data_dir(Path(settings.data_dir))
+    try:
+        _run(settings, allow_plaintext=insecure_plaintext_model)
+    finally:
+        os.close(lock)
+
+
+def _run(settings: Settings, *, allow_plaintext: bool) -> None:
+    import resource
+
+    import uvicorn
+
+    from bundles import BundleError
+
+    from ..access.keys import bootstrap_admin_key
+    from ..app import create_app
+    from ..engines.runtime import build_registry
+    from ..telemetry.logs import configure_logging
+
+    # A core dump of this process could hold prompts: never write one.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    configure_logging(settings.server.log_level)
+    if allow_plaintext:
+        typer.secho(
+            "WARNING: --insecure-plaintext-model: plain model files will be served; their weights "
+            "are neither encrypted nor signed. Never use this in production.",
+            fg=typer.colors.RED,
+            bold=True,
+            err=True,
+        )
+    first_key = asyncio.run(bootstrap_admin_key(settings))
+    if first_key is not None:
+        typer.secho(
+            f"airgate: first start: an admin API key was created. It is shown this once:\n\n"
+            f"    {first_key}\n\nKeep it safe; create app keys with it (POST /admin/keys) or "
+            "with `airgate keys create`.",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+    try:
+        registry = build_registry(settings, allow_plaintext=allow_plaintext)
+    except ConfigError as exc:
+        raise _fail(f"configuration error: {exc}") from None
+    except BundleError as exc:
+        raise _fail(f"cannot serve the configured bundles: {exc}", code=1) from None
+    app_ = create_app(settings, registry=registry)
+    tls: dict[str, Any] = {}
+    if (mtls := settings.auth.mtls) is not None:
+        import ssl
+
+        from ..http.tls import TlsHttpProtocol
+
+        # client certificates are required and verified in the handshake; the protocol
+        # passes the verified certificate to the app (the ASGI TLS extension)
+        tls = {
+            "ssl_certfile": mtls.cert_file,
+            "ssl_keyfile": mtls.key_file,
+            "ssl_ca_certs": mtls.ca_file,
+            "ssl_cert_reqs": ssl.CERT_REQUIRED,
+            "http": TlsHttpProtocol,
+        }
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app_,
+            host=settings.server.host,
+            port=settings.server.port,
+            loop="uvloop",
+            http=tls.pop("http", "httptools"),
+            **tls,
+            lifespan="on",
+            access_log=False,
+            log_config=None,
+            server_header=False,
+            # X-Forwarded-* from a local client would otherwise rewrite the client address
+            # (uvicorn trusts 127.0.0.1 by default); nothing here sits behind a proxy by default
+            proxy_headers=False,
+            timeout_graceful_shutdown=int(settings.server.shutdown_grace_s),
+        )
+    )
+    registry.request_shutdown = lambda: setattr(server, "should_exit", True)
+    server.run()
+    if registry.load_error is not None:
+        raise _fail(f"could not load the models: {registry.load_error}", code=1)
+    if not server.started:
+        raise _fail("the server could not start (see the log above)", code=1)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    from importlib.metadata import version as v
+
+    typer.echo(v("airgate"))
+
+
+def main() -> None:
+    app(prog_name="airgate")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

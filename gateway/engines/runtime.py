@@ -1,0 +1,210 @@
+"""Wiring: settings -> engines and served models.  The only place that picks concrete engines.
+
+Weights only come from signed bundles (the manifest's signature is checked here, before any
+engine exists; decryption happens when the engine loads).  A plain GGUF path is served only when
+the operator passed `--insecure-plaintext-model`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+from backends.echo import EchoEngine
+from backends.llamacpp import LlamaCppEngine, LlamaCppOptions
+from backends.types import Engine, ModelSource
+from backends.vllm import VllmEngine, VllmOptions
+from bundles import BundlePolicyError, Manifest, TrustedKeys, check_bundle
+
+from ..config import ConfigError, ModelSettings, Settings, VllmSettings
+from ..routing.breaker import CircuitBreaker
+from .key_providers import KeyProviders
+from .registry import Deployment, ModelRegistry, ServedModel
+from .sources import DEFAULT_MODEL_ID, BundleSource, ensure_default_bundle, trusted_keys
+
+__all__ = ["build_registry", "start_engines", "stop_engines"]
+
+_log = logging.getLogger("airgate.runtime")
+
+
+def _llamacpp_options(
+    settings: Settings, model: ModelSettings, manifest: Manifest | None = None
+) -> LlamaCppOptions:
+    e = settings.engine
+    hints = manifest.model.engine_hints if manifest is not None else {}
+
+    def pick(own: int | None, name: str, default: int) -> int:
+        if own is not None:
+            return own
+        hint = hints.get(name)
+        return hint if isinstance(hint, int) and not isinstance(hint, bool) else default
+
+    template = model.chat_template or (manifest.model.chat_template if manifest else None)
+    return LlamaCppOptions(
+        slots=pick(model.slots, "slots", e.slots),
+        context_length=pick(model.context_length, "context_length", e.context_length),
+        batch_size=pick(model.batch_size, "batch_size", e.batch_size),
+        max_waiting=pick(model.max_waiting, "max_waiting", e.max_waiting),
+        n_threads=model.n_threads if model.n_threads is not None else e.n_threads,
+        chat_template=template or "gemma",
+        batch_invariant=(
+            e.batch_invariant if model.batch_invariant is None else model.batch_invariant
+        ),
+    )
+
+
+def _vllm_options(model: ModelSettings, manifest: Manifest | None = None) -> VllmOptions:
+    v = model.vllm or VllmSettings()
+    hints = manifest.model.engine_hints if manifest is not None else {}
+    max_len = v.max_model_len or model.context_length
+    if max_len is None and isinstance(hints.get("context_length"), int):
+        max_len = int(hints["context_length"])
+    return VllmOptions(
+        dtype=v.dtype,
+        max_model_len=max_len,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        tensor_parallel_size=v.tensor_parallel_size,
+        enforce_eager=v.enforce_eager,
+        kv_cache_space_gib=v.kv_cache_space_gib,
+        max_num_seqs=v.max_num_seqs,
+        max_waiting=model.max_waiting if model.max_waiting is not None else 64,
+        chat_template=model.chat_template or (manifest.model.chat_template if manifest else None),
+        seed=v.seed,
+        enable_prefix_caching=v.enable_prefix_caching,
+    )
+
+
+def _new_engine(
+    settings: Settings, model: ModelSettings, weights: str | ModelSource, manifest: Manifest | None
+) -> Engine:
+    if model.engine == "vllm":
+        return VllmEngine(weights, _vllm_options(model, manifest))
+    return LlamaCppEngine(weights, _llamacpp_options(settings, model, manifest))
+
+
+_FORMAT = {"llama.cpp": "gguf", "vllm": "safetensors"}
+
+
+def _bundle_engine(
+    settings: Settings,
+    model: ModelSettings,
+    bundle: Path,
+    trusted: TrustedKeys,
+    providers: KeyProviders,
+) -> tuple[Engine, BundleSource]:
+    # signature first (nothing unsigned is believed), then validity, policy and sizes: a bundle
+    # that cannot be served stops start-up here, before the port is bound
+    verified = check_bundle(bundle, trusted, now=datetime.now(UTC))
+    manifest = verified.manifest
+    engine = model.engine
+    if manifest.model.weight_format != _FORMAT[engine]:
+        raise ConfigError(
+            f"deployment {model.deployment!r}: the bundle holds {manifest.model.weight_format} "
+            f"weights, which the {engine} engine does not load (llama.cpp: gguf; vllm: "
+            "safetensors)"
+        )
+    if engine not in manifest.policy.allowed_engines:
+        raise BundlePolicyError(
+            f"deployment {model.deployment!r}: the bundle may not be loaded by {engine}"
+        )
+    _log.info(
+        "model %s: bundle %s (digest %s, signed by %s)",
+        model.id,
+        manifest.bundle_id,
+        verified.digest,
+        verified.signer,
+    )
+    source = BundleSource(
+        bundle,
+        trusted=trusted,
+        providers=providers,
+        engine=engine,
+        allowed_providers=settings.bundles.allowed_providers,
+    )
+    return _new_engine(settings, model, source, manifest), source
+
+
+def _engine(
+    settings: Settings,
+    model: ModelSettings,
+    trusted: TrustedKeys,
+    providers: KeyProviders,
+    allow_plaintext: bool,
+) -> tuple[Engine, BundleSource | None]:
+    if model.engine == "echo":
+        _log.warning("model %s is served by the echo engine (for HTTP benchmarks only)", model.id)
+        context = model.context_length or settings.engine.context_length
+        return EchoEngine(context_length=context), None
+    if model.bundle:
+        return _bundle_engine(settings, model, Path(model.bundle), trusted, providers)
+    assert model.path is not None  # config validation: exactly one of bundle / path
+    if not allow_plaintext:
+        raise ConfigError(
+            f"model {model.id!r} is a plain model file; seal it into a bundle "
+            "(`airgate bundle create`) or start with --insecure-plaintext-model"
+        )
+    _log.warning(
+        "INSECURE: model %s is served from the plain file %s: its weights are unencrypted "
+        "and unsigned on disk (--insecure-plaintext-model)",
+        model.id,
+        model.path,
+    )
+    return _new_engine(settings, model, model.path, None), None
+
+
+def build_registry(settings: Settings, *, allow_plaintext: bool = False) -> ModelRegistry:
+    """Engines for every configured model (none loaded yet); the default when none is.
+
+    Each deployment gets its circuit breaker here, from the `[routing]` settings.
+
+    Seals the embedded default on first run and checks every bundle's signature; raises
+    ConfigError or a bundles error when a model cannot be served.
+    """
+    providers = KeyProviders(settings)
+    models = settings.models
+    if not models:
+        bundle = ensure_default_bundle(settings, providers)
+        models = [ModelSettings(id=DEFAULT_MODEL_ID, bundle=str(bundle))]
+    trusted = trusted_keys(settings)
+    routing = settings.routing
+    deployments: dict[str, list[Deployment]] = {}
+    aliases: dict[str, list[str]] = {}
+    for m in models:
+        engine, source = _engine(settings, m, trusted, providers, allow_plaintext)
+        deployment = Deployment(
+            m.deployment,
+            engine,
+            engine_class=m.resolved_class,
+            weight=m.weight,
+            max_queue=m.max_queue,
+            source=source,
+            breaker=CircuitBreaker(
+                failure_threshold=routing.breaker_failures, open_s=routing.breaker_open_s
+            ),
+        )
+        deployments.setdefault(m.id, []).append(deployment)
+        names = aliases.setdefault(m.id, [])
+        names.extend(a for a in m.aliases if a not in names)
+    registry = ModelRegistry(
+        ServedModel(model_id, ds, aliases[model_id]) for model_id, ds in deployments.items()
+    )
+    registry.on_close.append(providers.close)
+    return registry
+
+
+async def start_engines(registry: ModelRegistry) -> None:
+    await asyncio.gather(*(d.engine.start() for d in registry.deployments))
+    for d in registry.deployments:
+        if isinstance(d.source, BundleSource):
+            d.bundle = d.source.loaded
+    registry.ready = True
+    _log.info("ready: serving %s", ", ".join(registry.names()))
+
+
+async def stop_engines(registry: ModelRegistry) -> None:
+    registry.ready = False
+    await asyncio.gather(*(d.engine.stop() for d in registry.deployments), return_exceptions=True)
+    for close in registry.on_close:
+        close()

@@ -1,0 +1,143 @@
+"""One structured log line per request, and the request id.
+
+An ASGI middleware (not Litestar's logging middleware, which logs bodies by default): it assigns
+the request id, times the whole exchange including a streamed body, and logs metadata only —
+never a body, a header value or a query string.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..pipeline.facts import Progress
+from ..telemetry.metrics import Metrics
+
+__all__ = ["RequestInfo", "RequestLogMiddleware", "RouteTemplates", "request_info"]
+
+_log = logging.getLogger("airgate.request")
+_VALID_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+
+
+class RouteTemplates:
+    """Raw paths -> the route templates of the app's route table, for logs, metric labels and
+    the audit log: a raw path (or an unknown one) may carry anything a client typed.  A path
+    parameter shows as `{id}`; anything unrouted as `/other`."""
+
+    def __init__(self, paths: Iterable[str]) -> None:
+        exact: dict[str, str] = {}
+        prefixes: list[tuple[str, str]] = []
+        for path in paths:
+            head, brace, _ = path.partition("{")
+            if brace:
+                prefixes.append((head, head + "{id}"))
+            else:
+                exact[path] = path
+        self._exact = exact
+        self._prefixes = tuple(sorted(prefixes, key=lambda p: -len(p[0])))
+
+    def __call__(self, path: str) -> str:
+        found = self._exact.get(path)
+        if found is not None:
+            return found
+        for head, template in self._prefixes:
+            if path.startswith(head) and len(path) > len(head):
+                return template
+        return "/other"
+
+
+class RequestInfo:
+    """One request's log record: made by the middleware below, read back when the exchange is
+    over.  The route template and the caller's key id are filled in on the way in; an
+    inference's `Progress` is attached by the pipeline, an error code by the error renderer."""
+
+    __slots__ = ("error_code", "key_id", "progress", "request_id", "route", "started")
+
+    def __init__(self, request_id: str, route: str, started: float | None = None) -> None:
+        self.request_id = request_id
+        self.route = route
+        self.started = time.perf_counter() if started is None else started
+        self.key_id: str | None = None  # the caller (an id, never a credential)
+        self.progress: Progress | None = None
+        self.error_code: str | None = None
+
+
+def request_info(scope: Scope) -> RequestInfo:
+    info: RequestInfo = scope["state"]["airgate"]
+    return info
+
+
+class RequestLogMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: RouteTemplates) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.route_of = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        request_id = _request_id(scope)
+        info = RequestInfo(request_id, self.route_of(scope.get("path", "")), start)
+        scope.setdefault("state", {})["airgate"] = info
+        status = 500
+        header = (b"x-request-id", request_id.encode())
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self._log(scope, info, status, time.perf_counter() - start)
+
+    def _log(self, scope: Scope, info: RequestInfo, status: int, elapsed: float) -> None:
+        route = info.route
+        self.metrics.requests.labels(route, str(status)).inc()
+        method = scope.get("method", "")
+        fields: dict[str, Any] = {
+            "request_id": info.request_id,
+            "method": method if method in _METHODS else "OTHER",
+            "path": route,
+            "status": status,
+            "latency_ms": round(elapsed * 1000, 2),
+        }
+        error = info.error_code
+        p = info.progress
+        if p is not None:
+            fields.update(
+                model=p.model,
+                stream=p.stream,
+                prompt_tokens=p.prompt_tokens,
+                completion_tokens=p.completion_tokens,
+                finish_reason=p.finish_reason,
+                ttft_ms=None if p.ttft_s is None else round(p.ttft_s * 1000, 2),
+            )
+            if p.deployment is not None:
+                fields.update(deployment=p.deployment, route=p.route_reason, attempts=p.attempts)
+            error = error or p.error_code
+        if info.key_id is not None:
+            fields["key_id"] = info.key_id
+        if error is not None:
+            fields["error"] = error
+        _log.info("request", extra={"fields": fields})
+
+
+def _request_id(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id" and _VALID_ID.match(value):
+            return value.decode()
+    return secrets.token_hex(12)
