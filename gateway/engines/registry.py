@@ -14,7 +14,7 @@ from backends.types import Engine
 from policies import EngineClass
 
 from ..errors import ModelNotFound
-from ..routing.breaker import CircuitBreaker
+from .breaker import CircuitBreaker
 
 __all__ = ["Deployment", "ModelRegistry", "ServedModel"]
 

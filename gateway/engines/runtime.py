@@ -19,7 +19,7 @@ from backends.vllm import VllmEngine, VllmOptions
 from bundles import BundlePolicyError, Manifest, TrustedKeys, check_bundle
 
 from ..config import ConfigError, ModelSettings, Settings, VllmSettings
-from ..routing.breaker import CircuitBreaker
+from .breaker import CircuitBreaker
 from .key_providers import KeyProviders
 from .registry import Deployment, ModelRegistry, ServedModel
 from .sources import DEFAULT_MODEL_ID, BundleSource, ensure_default_bundle, trusted_keys

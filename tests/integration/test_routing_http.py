@@ -34,8 +34,8 @@ from backends.vllm import VllmEngine, VllmOptions
 from gateway.access.keys import key_store
 from gateway.app import create_app
 from gateway.config import load_settings
+from gateway.engines.breaker import CircuitBreaker
 from gateway.engines.registry import Deployment, ModelRegistry, ServedModel
-from gateway.routing import CircuitBreaker
 
 pytestmark = pytest.mark.engine
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.engines.breaker import CircuitBreaker
 from gateway.routing import (
     Candidate,
-    CircuitBreaker,
     GatewayQueue,
     QueueRefused,
     Route,
