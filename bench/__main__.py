@@ -1,9 +1,18 @@
 """Command line: ``python -m bench [--quick] [--runs N] [--scenario NAME] [scenario options]``.
 
-Each scenario module offers ``NAME``, ``add_arguments(parser)`` and ``run(args) -> str`` (the
-markdown body of its section); this module writes that body into BENCHMARKS.md between the
-scenario's markers. A full run writes BENCHMARKS.md; ``--quick`` (one run, few requests: a smoke
-check) only prints, unless ``--output`` is given.
+Each scenario module offers ``NAME``, ``add_arguments(parser)``, ``run(args) -> str`` (the
+markdown body of its section) and ``check(args) -> str``; this module writes the body of ``run``
+into BENCHMARKS.md between the scenario's markers. A full run writes BENCHMARKS.md; ``--quick``
+(one run, few requests: a smoke check) only prints, unless ``--output`` is given.
+
+``--check`` runs each selected scenario up to its set-up and no further: it parses the options,
+imports every module the scenario uses, builds what a run builds (airgate's configuration and
+policy files, loaded with airgate's own settings and policy code; app keys in fresh data dirs;
+the command lines of airgate, parsed by airgate's own CLI, and of the peers; request bodies) in a
+temporary directory (never the cache), prints a summary per scenario and exits 0, or 1 naming
+what would break. It starts no server or peer, installs, builds and downloads nothing, and
+contacts no database or Redis; tools a run needs (wrk) are reported, not required.
+``python -m bench.soak --check`` does the same for the soak.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -26,6 +36,8 @@ class Scenario(Protocol):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
     def run(self, args: argparse.Namespace) -> str: ...
+
+    def check(self, args: argparse.Namespace) -> str: ...
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -50,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, default=3, help="repetitions (default 3)")
     parser.add_argument("--quick", action="store_true", help="smoke check: 1 run, few requests")
     parser.add_argument(
+        "--check",
+        action="store_true",
+        help="set-up only: build and validate each scenario's configuration and command lines "
+        "in a temporary directory; start, install and write nothing else",
+    )
+    parser.add_argument(
         "--output",
         type=Path,
         help="file to write (default BENCHMARKS.md at the repo root; --quick: print only)",
@@ -65,6 +83,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check(args: argparse.Namespace, names: Sequence[str]) -> int:
+    """``--check``: each scenario's set-up, built in a temporary directory."""
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix=f"airgate-bench-check-{name}-") as tmp:
+            args.cache_dir = Path(tmp)
+            try:
+                summary = SCENARIOS[name].check(args)
+            except BenchError as exc:
+                print(f"bench: {name}: {exc}", file=sys.stderr)
+                return 1
+        print(summary)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
@@ -72,10 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench: --runs must be at least 1", file=sys.stderr)
         return 2
     args.command = shlex.join(["python", "-m", "bench", *redacted_argv(argv)])
+    names = args.scenario or sorted(SCENARIOS)
+    if args.check:
+        return _check(args, names)
     output: Path | None = args.output
     if output is None and not args.quick:
         output = REPO_ROOT / "BENCHMARKS.md"
-    for name in args.scenario or sorted(SCENARIOS):
+    for name in names:
         try:
             body = SCENARIOS[name].run(args)
         except BenchError as exc:

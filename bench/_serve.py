@@ -17,17 +17,34 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from bench._client import BenchError
 from bench._report import REPO_ROOT
 
-__all__ = ["create_api_key", "free_port", "serve_command", "spawned", "stop", "tail"]
+if TYPE_CHECKING:
+    from gateway.config import Settings
+
+__all__ = [
+    "create_api_key",
+    "free_port",
+    "inherited_env",
+    "run_served",
+    "serve_command",
+    "spawned",
+    "stop",
+    "tail",
+]
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -42,6 +59,12 @@ def serve_command() -> list[str]:
     """How to start airgate's CLI: the ``airgate`` script beside this Python, else ``-m``."""
     script = Path(sys.executable).with_name("airgate")
     return [str(script)] if script.exists() else [sys.executable, "-m", "gateway"]
+
+
+def inherited_env(drop_prefix: str) -> dict[str, str]:
+    """This process's environment without the variables named ``drop_prefix...``: airgate
+    rejects unknown ``AIRGATE_*`` variables, and the benchmark's own must never reach it."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop_prefix)}
 
 
 _PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
@@ -111,6 +134,28 @@ def spawned(
             stop(proc)
 
 
+def run_served(
+    label: str,
+    command: Sequence[str],
+    env: dict[str, str],
+    log_path: Path,
+    drive: Callable[[subprocess.Popen[bytes]], Coroutine[Any, Any, T]],
+    *,
+    tail_lines: int = 15,
+) -> T:
+    """Start ``command`` (``spawned``, a header line in its log), run ``drive(proc)`` in a new
+    event loop, stop it; a BenchError comes back naming ``label``, with the log's last lines."""
+    with log_path.open("ab") as log:
+        log.write(f"\n=== {label}: {shlex.join(command)}\n".encode())
+    with spawned(command, env, log_path) as proc:
+        try:
+            return asyncio.run(drive(proc))
+        except BenchError as exc:
+            raise BenchError(
+                f"{label}: {exc}\n--- last lines of {log_path} ---\n{tail(log_path, tail_lines)}"
+            ) from exc
+
+
 def _config_arg(server_args: Sequence[str]) -> str | None:
     """The ``--config``/``-c`` file among the extra ``airgate serve`` arguments, if any."""
     for i, arg in enumerate(server_args):
@@ -121,18 +166,29 @@ def _config_arg(server_args: Sequence[str]) -> str | None:
     return None
 
 
+def _server_settings(
+    data_dir: Path, env: Mapping[str, str], server_args: Sequence[str]
+) -> Settings:
+    """The settings as ``airgate serve`` will read them: its environment, the ``--config`` among
+    ``server_args``, ``--data-dir``; BenchError when the server would refuse them."""
+    # Imported here: worker processes that import the scenarios need no gateway.
+    from gateway.config import ConfigError, load_settings
+
+    try:
+        return load_settings(
+            _config_arg(server_args), environ=env, overrides={"data_dir": str(data_dir)}
+        )
+    except ConfigError as exc:
+        raise BenchError(f"airgate would refuse its configuration: {exc}") from exc
+
+
 def create_api_key(
     data_dir: Path, env: Mapping[str, str], server_args: Sequence[str], *, name: str
 ) -> str:
-    """A new app key in the database the server is about to open: settings are read as
-    ``airgate serve`` will read them (its environment, ``--config``, ``--data-dir``)."""
-    # Imported here: worker processes that import the scenarios need no gateway.
-    from gateway.config import load_settings
+    """A new app key in the database the server is about to open (``_server_settings``)."""
     from gateway.access.keys import key_store
 
-    settings = load_settings(
-        _config_arg(server_args), environ=env, overrides={"data_dir": str(data_dir)}
-    )
+    settings = _server_settings(data_dir, env, server_args)
 
     async def create() -> str:
         async with key_store(settings) as store:

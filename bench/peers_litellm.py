@@ -35,6 +35,7 @@ __all__ = [
     "installed_version",
     "master_key",
     "shown_environment",
+    "venv_path",
     "write_config",
 ]
 
@@ -45,14 +46,15 @@ _STAMP = ".airgate-bench-installed"
 _INSTALL_TIMEOUT_S = 1800
 
 
-def _venv(cache_dir: Path) -> Path:
+def venv_path(cache_dir: Path) -> Path:
+    """Where LiteLLM's virtualenv is, once installed."""
     return cache_dir / "peers" / "litellm"
 
 
 def ensure_litellm(cache_dir: Path, log_path: Path) -> tuple[Path, float | None]:
     """The LiteLLM virtualenv, installed if needed; and the install time in seconds (None when
     it was already installed).  pip's output goes to ``log_path``."""
-    venv = _venv(cache_dir)
+    venv = venv_path(cache_dir)
     stamp = venv / _STAMP
     if stamp.is_file() and stamp.read_text().strip() == REQUIREMENT:
         return venv, None

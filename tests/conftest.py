@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from e2e.server_process import TEST_KEYS, seed_data_dir  # tests/ is on sys.path
 
-from gateway.config import Settings, load_settings
 from gateway.access.keys import key_store
+from gateway.config import Settings, load_settings
 from gateway.engines.key_providers import KeyProviders
 from gateway.engines.sources import ensure_default_bundle
 

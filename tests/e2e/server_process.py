@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from gateway.config import load_settings
 from gateway.access.keys import key_store
+from gateway.config import load_settings
 
 MODEL = "gemma-3-270m"
 # The base model stops after a few tokens; banning <eos>, <end_of_turn> and </s> makes every

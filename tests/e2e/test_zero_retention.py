@@ -66,12 +66,12 @@ from server_process import (
     test_keys as keys_of,
 )
 
-from gateway.audit import Format, export
 from gateway.access.auth import KeyStore, parse_api_key
 from gateway.access.auth.apikeys import api_key_checksum
+from gateway.access.keys import key_store
+from gateway.audit import Format, export
 from gateway.config import load_settings
 from gateway.db import create_db_engine, database_url
-from gateway.access.keys import key_store
 
 pytestmark = pytest.mark.e2e
 

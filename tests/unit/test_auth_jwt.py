@@ -191,9 +191,7 @@ def test_alg_none_is_refused(verifier: JwtVerifier, keys: Keys) -> None:
     assert _rejected(verifier, token) == "alg_not_allowed"
 
 
-def test_hs256_signed_with_the_rsa_public_key_is_refused(
-    verifier: JwtVerifier, keys: Keys
-) -> None:
+def test_hs256_signed_with_the_rsa_public_key_is_refused(verifier: JwtVerifier, keys: Keys) -> None:
     public_pem = keys.rsa.private.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
@@ -262,7 +260,6 @@ def test_oversized_token_is_refused_before_parsing(verifier: JwtVerifier, keys: 
     assert len(token) > 8192
     assert _rejected(verifier, token) == "too_large"
     assert _rejected(verifier, "!" * 8193) == "too_large"  # not even looked at
-
 
 
 def test_size_cap_is_configurable(jwks_path: Path, keys: Keys) -> None:
