@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..ids import random_hex
 from ..pipeline.facts import Progress
 from ..telemetry.metrics import Metrics
 
@@ -140,4 +140,4 @@ def _request_id(scope: Scope) -> str:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id" and _VALID_ID.match(value):
             return value.decode()
-    return secrets.token_hex(12)
+    return random_hex(12)

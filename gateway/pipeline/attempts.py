@@ -140,17 +140,28 @@ class Attempts:
         while True:
             yielded = False
             try:
-                async for item in _merge(self._handles):
-                    if not yielded:
-                        yielded = True
-                        if self._lease is not None:
-                            self._lease.ok()
-                    yield item
+                if len(self._handles) == 1:  # the common case: no merging layer per delta
+                    async for delta in self._handles[0]:
+                        if not yielded:
+                            yielded = True
+                            self._first()
+                        yield 0, delta
+                else:
+                    async for item in _merge(self._handles):
+                        if not yielded:
+                            yielded = True
+                            self._first()
+                        yield item
                 return
             except Exception as exc:
                 if yielded or not self._after_failure(exc):
                     raise
             await self.dispatch(time.perf_counter())  # the client's error if none can serve
+
+    def _first(self) -> None:
+        """Something came back: the deployment is healthy."""
+        if self._lease is not None:
+            self._lease.ok()
 
     async def deltas(self) -> AsyncIterator[tuple[int, GenerationDelta]]:
         """(sequence index, delta) as they come; records metrics; aborts the engine on exit
@@ -229,10 +240,7 @@ class Attempts:
 
 
 async def _merge(handles: Sequence[GenerationHandle]) -> AsyncIterator[tuple[int, GenerationDelta]]:
-    if len(handles) == 1:
-        async for delta in handles[0]:
-            yield 0, delta
-        return
+    """The deltas of several handles as they come, with the index of their handle."""
     queue: asyncio.Queue[tuple[int, GenerationDelta | BaseException | None]] = asyncio.Queue()
 
     async def pump(index: int, handle: GenerationHandle) -> None:

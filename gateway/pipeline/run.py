@@ -204,6 +204,8 @@ class Inference:
             async for index, delta in self._attempts.deltas():
                 per_choice[index].append(delta)
 
+        # Gathered in a task of its own: each delta then resumes that task's short stack, not
+        # the handler's and every middleware's frames above it.
         task = asyncio.ensure_future(gather())
         watcher = asyncio.ensure_future(disconnected())
         try:
