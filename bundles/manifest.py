@@ -131,4 +131,3 @@ def timestamp(moment: datetime) -> str:
 
 def parse_timestamp(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-

@@ -50,6 +50,7 @@ MIN_SEGMENT_SIZE = 4096
 MAX_SEGMENT_SIZE = 4 << 20
 _MAX_SEGMENTS = 1 << 32
 
+
 def _check_segment_size(segment_size: int) -> None:
     if not MIN_SEGMENT_SIZE <= segment_size <= MAX_SEGMENT_SIZE:
         raise ValueError(f"segment size must be in [{MIN_SEGMENT_SIZE}, {MAX_SEGMENT_SIZE}]")
@@ -171,9 +172,7 @@ class SegmentDecrypter:
     byte of it that may hold plaintext is zeroed before the error is raised.
     """
 
-    def __init__(
-        self, dek: bytes | bytearray, associated_data: bytes, segment_size: int
-    ) -> None:
+    def __init__(self, dek: bytes | bytearray, associated_data: bytes, segment_size: int) -> None:
         _check_segment_size(segment_size)
         self.segment_size = segment_size
         self._dek = dek

@@ -112,9 +112,7 @@ def provider_errors(provider: str, operation: str) -> Iterator[None]:
             raise KeyUnwrapError() from None
         raise KeyProviderError(f"key provider {provider!r} could not {operation}") from None
     except Exception as exc:
-        _log.warning(
-            "kms %s %s failed: %s: %.300s", provider, operation, type(exc).__name__, exc
-        )
+        _log.warning("kms %s %s failed: %s: %.300s", provider, operation, type(exc).__name__, exc)
         if operation == "unwrap":
             raise KeyUnwrapError() from None
         raise KeyProviderError(f"key provider {provider!r} could not {operation}") from None
