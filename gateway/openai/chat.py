@@ -13,13 +13,12 @@ from litestar.response import Stream
 from backends.types import ChatMessage, GenerationDelta, TokenLogprob, Usage
 
 from ..errors import GatewayError, InvalidRequest, UnsupportedParameter
-from ..http.authn import caller
 from ..http.decode import decode
 from ..http.disconnect import disconnected
 from ..http.request_log import RequestInfo, request_info
 from ..pipeline import Generation, InferenceRequest, Pipeline
 from . import types as t
-from .sampling import audit_sampling, finish_reason, sampling_params, stop_strings
+from .sampling import finish_reason, inference_request, sampling_params, stop_strings
 from .sse import SSE_DONE, SSE_HEADERS, TextFrame, sse, sse_error
 
 __all__ = ["chat_completions"]
@@ -75,19 +74,8 @@ def _facts(
         sampling=sampling_params(body),
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
-    return InferenceRequest(
-        request_id=log.request_id,
-        principal=caller(request),
-        action="chat.completions",
-        route=log.route,
-        model=body.model,
-        prompt_bytes=len(raw),
-        stream=body.stream,
-        generation=generation,
-        sampling=audit_sampling(body),
-        prompt_param="messages",
-        n=body.n,
-        traceparent=request.headers.get("traceparent"),
+    return inference_request(
+        request, log, body, raw, generation, action="chat.completions", prompt_param="messages"
     )
 
 

@@ -15,13 +15,12 @@ from litestar.response import Stream
 from backends.types import GenerationDelta, TokenLogprob, Usage
 
 from ..errors import GatewayError, InvalidRequest
-from ..http.authn import caller
 from ..http.decode import decode
 from ..http.disconnect import disconnected
 from ..http.request_log import RequestInfo, request_info
 from ..pipeline import Generation, InferenceRequest, Pipeline, RawPrompt
 from . import types as t
-from .sampling import audit_sampling, finish_reason, sampling_params, stop_strings
+from .sampling import finish_reason, inference_request, sampling_params, stop_strings
 from .sse import SSE_DONE, SSE_HEADERS, TextFrame, sse, sse_error
 
 __all__ = ["completions"]
@@ -62,19 +61,8 @@ def _facts(
         logprobs=body.logprobs,
         echo_prompt=body.echo,
     )
-    return InferenceRequest(
-        request_id=log.request_id,
-        principal=caller(request),
-        action="completions",
-        route=log.route,
-        model=body.model,
-        prompt_bytes=len(raw),
-        stream=body.stream,
-        generation=generation,
-        sampling=audit_sampling(body),
-        prompt_param="prompt",
-        n=body.n,
-        traceparent=request.headers.get("traceparent"),
+    return inference_request(
+        request, log, body, raw, generation, action="completions", prompt_param="prompt"
     )
 
 

@@ -1,5 +1,6 @@
-"""OpenAI's sampling fields (shared by chat and completions) -> the engine's SamplingParams, the
-audit log's numbers, stop strings; and the engine's finish reason -> OpenAI's."""
+"""What chat and completions share: their sampling fields -> the engine's SamplingParams, the
+audit log's numbers and stop strings; the pipeline's `InferenceRequest` around a `Generation`;
+and the engine's finish reason -> OpenAI's."""
 
 from __future__ import annotations
 
@@ -7,11 +8,22 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from litestar import Request
+
 from backends.types import GenerationDelta, SamplingParams
 
 from ..errors import InvalidRequest, UnsupportedParameter
+from ..http.authn import caller
+from ..http.request_log import RequestInfo
+from ..pipeline import Action, Generation, InferenceRequest
 
-__all__ = ["audit_sampling", "finish_reason", "sampling_params", "stop_strings"]
+__all__ = [
+    "audit_sampling",
+    "finish_reason",
+    "inference_request",
+    "sampling_params",
+    "stop_strings",
+]
 
 _TOKEN_ID = re.compile(r"[0-9]{1,9}")  # ASCII digits only; the engine checks the vocabulary
 
@@ -79,3 +91,30 @@ def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
     return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def inference_request(
+    request: Request[Any, Any, Any],
+    log: RequestInfo,
+    body: Any,
+    raw: bytes,
+    generation: Generation,
+    *,
+    action: Action,
+    prompt_param: str,
+) -> InferenceRequest:
+    """The pipeline's facts of a chat or completions request (`body` decoded from `raw`)."""
+    return InferenceRequest(
+        request_id=log.request_id,
+        principal=caller(request),
+        action=action,
+        route=log.route,
+        model=body.model,
+        prompt_bytes=len(raw),
+        stream=body.stream,
+        generation=generation,
+        sampling=audit_sampling(body),
+        prompt_param=prompt_param,
+        n=body.n,
+        traceparent=request.headers.get("traceparent"),
+    )
