@@ -1,4 +1,4 @@
-"""gateway/auth/store.py on real databases: SQLite (a file per test) and PostgreSQL (a
+"""gateway/access/auth/store.py on real databases: SQLite (a file per test) and PostgreSQL (a
 database per test, created and dropped here), plus the `20261129_02_api_keys` migration."""
 
 from __future__ import annotations

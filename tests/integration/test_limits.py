@@ -1,4 +1,4 @@
-"""gateway/limits against real Redis: the shared server on 127.0.0.1:6379 (a random key prefix
+"""gateway/access/limits against real Redis: the shared server on 127.0.0.1:6379 (random key prefix
 per test, keys deleted afterwards) and, for failover, a PRIVATE `redis-server` on a free
 loopback port that the tests kill and restart.  The shared Redis is never stopped.
 

@@ -1,4 +1,4 @@
-"""gateway/auth: JWTs against a local JWKS (the attack matrix), and client certificates
+"""gateway/access/auth: JWTs against a local JWKS (the attack matrix), and client certificates
 (subject mapping and the server's TLS context, with a CA and certificates made here)."""
 
 from __future__ import annotations

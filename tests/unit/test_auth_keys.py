@@ -1,4 +1,4 @@
-"""gateway/auth: API key text (shape, checksum, scanner pattern), secret HMAC, pepper file,
+"""gateway/access/auth: API key text (shape, checksum, scanner pattern), secret HMAC, pepper file,
 and the Principal value."""
 
 from __future__ import annotations

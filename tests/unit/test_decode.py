@@ -1,4 +1,4 @@
-"""gateway/openai/_decode.py and gateway/errors.py: request bodies -> Structs or OpenAI errors.
+"""gateway/http/decode.py and gateway/errors.py: request bodies -> Structs or OpenAI errors.
 
 The privacy rule under test: an error message may name a parameter, never repeat a value the
 client sent (a prompt must never come back in an error, nor reach a log through one).

@@ -1,4 +1,4 @@
-"""gateway/limits: GCRA in process (LocalLimiter) on a fake clock, the OpenAI headers, and the
+"""gateway/access/limits: GCRA in process (LocalLimiter) on a fake clock, OpenAI headers, and the
 FailoverLimiter's switching rules over a primary that can be told to fail."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""gateway.telemetry.traces: the export allow-list, the inference span API, the disabled path."""
+"""gateway.telemetry: the export allow-list, the inference span API, the disabled path."""
 
 from __future__ import annotations
 
