@@ -77,7 +77,8 @@ class AuthMiddleware:
                 authorization = value
                 break
         try:
-            principal = await authenticate(self.security, authorization, client_cert_pem(scope))
+            cert = None if authorization else client_cert_pem(scope)  # a bearer comes first
+            principal = await authenticate(self.security, authorization, cert)
         except (AuthenticationFailed, AuthFailed) as exc:
             reason = getattr(exc, "reason", None) or type(exc).__name__
             await self._refuse(scope, send, reason)
