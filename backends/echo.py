@@ -10,7 +10,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from ._text import StopMatcher
-from .errors import ContextLengthExceeded, EngineNotReady
+from .budget import completion_budget
+from .errors import EngineNotReady
 from .types import EngineLoad, GenerationDelta, GenerationRequest, Usage
 
 __all__ = ["EchoEngine"]
@@ -95,11 +96,7 @@ class EchoEngine:
         else:
             size = len(request.prompt or "")
         prompt_tokens = 1 + size // 4  # a stand-in count: no tokenizer here
-        max_tokens = request.max_tokens or 16
-        if prompt_tokens + max_tokens > self._context_length:
-            raise ContextLengthExceeded(
-                prompt_tokens=prompt_tokens,
-                max_tokens=max_tokens,
-                context_length=self._context_length,
-            )
+        max_tokens = completion_budget(
+            request, prompt_tokens=prompt_tokens, context_length=self._context_length, default=16
+        )
         return _EchoHandle(self, request, prompt_tokens, max_tokens)

@@ -65,6 +65,9 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: tuple[int, ...] | None = None
     messages: tuple[ChatMessage, ...] | None = None
     max_tokens: int | None = None  # None: up to the end of the slot's context
+    # True: `max_tokens` is a ceiling (the policy's cap, the client asked for no length), so the
+    # completion may use what remains of the context up to it instead of being refused.
+    fit_to_context: bool = False
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = SamplingParams()
     logprobs: int | None = None  # None: off; N >= 0: chosen token plus N alternatives

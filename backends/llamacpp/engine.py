@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from ..budget import completion_budget
 from ..chat_template import ChatTemplate
-from ..errors import ContextLengthExceeded, EngineNotReady, InvalidGenerationRequest
+from ..errors import EngineNotReady, InvalidGenerationRequest
 from ..types import EngineLoad, GenerationDelta, GenerationRequest, ModelSource
 from ._native import Context, Model, init_backend
 from ._scheduler import Scheduler, Sequence
@@ -191,11 +192,7 @@ class LlamaCppEngine:
         if not tokens:
             raise InvalidGenerationRequest("the prompt is empty", param="prompt")
         n_ctx = self.context_length
-        max_tokens = request.max_tokens if request.max_tokens is not None else n_ctx - len(tokens)
-        if len(tokens) + max(max_tokens, 1) > n_ctx:
-            raise ContextLengthExceeded(
-                prompt_tokens=len(tokens), max_tokens=max(max_tokens, 1), context_length=n_ctx
-            )
+        max_tokens = completion_budget(request, prompt_tokens=len(tokens), context_length=n_ctx)
         seq = Sequence(
             prompt=tokens,
             max_tokens=max_tokens,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ContextLengthExceeded
+from ..budget import completion_budget
 from ..types import GenerationRequest
 
 __all__ = ["resolve_max_tokens", "sampling_kwargs"]
@@ -21,18 +21,9 @@ _MIN_TEMPERATURE = 0.01
 def resolve_max_tokens(
     request: GenerationRequest, *, prompt_tokens: int, context_length: int
 ) -> int:
-    """Tokens to generate at most: the request's `max_tokens`, or the rest of the context.
-
-    vLLM's own default is 16 tokens, so the value is always explicit.  A request whose prompt
-    plus completion (at least one token) does not fit raises `ContextLengthExceeded`.
-    """
-    wanted = request.max_tokens
-    max_tokens = max(1, context_length - prompt_tokens if wanted is None else wanted)
-    if prompt_tokens + max_tokens > context_length:
-        raise ContextLengthExceeded(
-            prompt_tokens=prompt_tokens, max_tokens=max_tokens, context_length=context_length
-        )
-    return max_tokens
+    """Tokens to generate at most (`backends.budget`); vLLM's own default is 16 tokens, so the
+    value is always explicit."""
+    return completion_budget(request, prompt_tokens=prompt_tokens, context_length=context_length)
 
 
 def sampling_kwargs(

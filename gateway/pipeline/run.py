@@ -131,7 +131,10 @@ def _engine_requests(
     gets the policy's cap; every one gets its tenant's prefix-cache salt and the priority."""
     g = request.generation
     decision = admitted.decision
+    # without max_tokens the policy's cap is a ceiling: the completion may use what remains of
+    # the context up to it (an explicit max_tokens must fit, as the client asked for it)
     max_tokens = g.max_tokens if g.max_tokens is not None else decision.effective_max_tokens
+    fit = g.max_tokens is None
     salt = security.cache_salt(request.principal)
 
     def build(
@@ -145,6 +148,7 @@ def _engine_requests(
             prompt=prompt if isinstance(prompt, str) else None,
             prompt_tokens=prompt if isinstance(prompt, tuple) else None,
             max_tokens=max_tokens,
+            fit_to_context=fit,
             stop=g.stop,
             sampling=g.sampling,
             logprobs=g.logprobs,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import openai
 import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
@@ -137,6 +138,38 @@ def test_chat_non_stream_shape_and_usage(client: TestClient[Litestar]) -> None:
     usage = body["usage"]
     assert usage["completion_tokens"] == 4 and usage["total_tokens"] == usage["prompt_tokens"] + 4
     assert resp.headers["x-request-id"]
+
+
+def test_no_max_tokens_uses_what_remains_of_the_context(
+    client: TestClient[Litestar], app_key: tuple[str, ApiKeyRecord]
+) -> None:
+    """The official SDK leaves max_tokens out by default.  The default policy's cap (4096) is
+    then a ceiling, not a demand: on the echo engine's 512-token context the completion gets
+    what the prompt leaves, instead of a context_length_exceeded for prompt + 4096."""
+    sdk = openai.OpenAI(
+        base_url=str(client.base_url) + "/v1", api_key=app_key[0], http_client=client
+    )
+    reply = sdk.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
+    usage = reply.usage
+    assert usage is not None
+    assert reply.choices[0].finish_reason == "length"
+    assert usage.prompt_tokens + usage.completion_tokens == 512
+    chunks = list(
+        sdk.chat.completions.create(
+            model="echo",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens == 512
+    # an explicit max_tokens is the client's demand: refused when it cannot fit
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(
+            model="echo", messages=[{"role": "user", "content": "hi"}], max_tokens=600
+        )
+    assert info.value.code == "context_length_exceeded"
 
 
 def test_request_id_is_taken_from_the_client_when_well_formed(client: TestClient[Litestar]) -> None:

@@ -213,6 +213,21 @@ async def test_context_length_is_checked_with_token_counts(engine: LlamaCppEngin
     assert "word" not in str(err)
 
 
+async def test_a_ceiling_shrinks_to_what_the_prompt_leaves(engine: LlamaCppEngine) -> None:
+    """The policy's cap on a request that asked for no length (`fit_to_context`) may exceed
+    the context: the completion gets the room the prompt leaves instead of a refusal."""
+    long_prompt = "word " * 900
+    handle = await engine.submit(req(long_prompt, 4096, fit_to_context=True))
+    try:
+        assert 824 < handle.prompt_tokens < 1024
+        first = await anext(aiter(handle))
+        assert first.finish_reason is None or first.usage is not None
+    finally:
+        handle.cancel()
+    with pytest.raises(ContextLengthExceeded):  # no room at all is still refused
+        await engine.submit(req("word " * 1100, 4096, fit_to_context=True))
+
+
 async def test_invalid_token_ids_are_refused(engine: LlamaCppEngine) -> None:
     with pytest.raises(InvalidGenerationRequest):
         await engine.submit(
