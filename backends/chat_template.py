@@ -16,7 +16,8 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import InvalidGenerationRequest
-from .types import ChatMessage
+from .tool_calls import prompt_messages
+from .types import ChatMessage, ToolDefinition
 
 __all__ = ["BUILTIN_TEMPLATES", "ChatTemplate", "PromptSegment"]
 
@@ -65,10 +66,15 @@ class ChatTemplate:
         self._bos = bos_token
         self._eos = eos_token
 
-    def render(self, messages: Sequence[ChatMessage]) -> list[PromptSegment]:
-        """Render `messages` with a generation prompt; content segments are marked."""
+    def render(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition] = ()
+    ) -> list[PromptSegment]:
+        """Render `messages` with a generation prompt; content segments are marked.  Tools and
+        tool turns are written as the generic tool prompt (`backends.tool_calls`)."""
         if not messages:
             raise InvalidGenerationRequest("messages must not be empty", param="messages")
+        if tools or any(m.role == "tool" or m.tool_calls for m in messages):
+            messages = prompt_messages(messages, tools)
         # Content goes through the template as unguessable markers, then is put back as its own
         # segments.  A marker is private-use text plus a per-call random tag.
         tag = secrets.token_hex(8)

@@ -2,6 +2,11 @@
 
 It exists to measure and test the HTTP path in isolation (gateway overhead per request and per
 streamed token).  It is never a default and is served only when configured explicitly.
+
+A request with an output constraint (structured output, tool calls) gets the text of its last
+user message back, in pieces of a few characters: tests of the HTTP path write the answer a
+constrained model would give and watch how the gateway carries it.  Nothing is checked against
+the constraint here: the real engines enforce it.
 """
 
 from __future__ import annotations
@@ -43,19 +48,22 @@ class _EchoHandle:
         engine.running += 1
         try:
             stop = StopMatcher(self._request.stop)
-            n = self._max_tokens
+            script = _script(self._request)
+            pieces = script or _PIECES
+            n = min(self._max_tokens, len(script)) if script else self._max_tokens
             for i in range(n):
                 if self._cancelled:
                     yield GenerationDelta(
                         finish_reason="abort", usage=Usage(self._prompt_tokens, i)
                     )
                     return
-                text, stopped = stop.feed(_PIECES[i % len(_PIECES)])
+                text, stopped = stop.feed(pieces[i % len(pieces)])
                 if stopped or i == n - 1:
+                    done = stopped or (script is not None and n == len(script))
                     yield GenerationDelta(
                         text=text if stopped else text + stop.flush(),
                         n_tokens=1,
-                        finish_reason="stop" if stopped else "length",
+                        finish_reason="stop" if done else "length",
                         usage=Usage(self._prompt_tokens, i + 1),
                     )
                     return
@@ -63,6 +71,14 @@ class _EchoHandle:
                 await asyncio.sleep(0)  # a token boundary, as a real engine has
         finally:
             engine.running -= 1
+
+
+def _script(request: GenerationRequest) -> tuple[str, ...] | None:
+    """A constrained request's answer: its last user message, in pieces of 4 characters."""
+    if request.constraint is None or not request.messages:
+        return None
+    text = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+    return tuple(text[i : i + 4] for i in range(0, len(text), 4)) or ("",)
 
 
 class EchoEngine:

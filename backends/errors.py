@@ -35,17 +35,30 @@ class EngineOverloaded(EngineError):
 
 
 class ContextLengthExceeded(EngineError):
-    """The prompt plus the requested completion does not fit the slot's context."""
+    """The prompt plus the requested completion does not fit the slot's context.
+
+    The message is OpenAI's own wording, word for word up to the numbers: clients recognise a
+    context overflow by it (litellm maps a 400 to ContextWindowExceededError only when it reads
+    "This model's maximum context length is").  OpenAI names the prompt "the messages" on chat
+    and "the prompt" on legacy completions; the engine cannot tell which endpoint asked, so
+    `str(exc)` says "prompt" and the gateway renders `message(<its prompt field>)`.  A prompt
+    that alone fills the context is counted with the one token a completion needs at least.
+    """
 
     def __init__(self, *, prompt_tokens: int, max_tokens: int, context_length: int) -> None:
-        super().__init__(
-            f"This model's context length is {context_length} tokens per request, but "
-            f"{prompt_tokens + max_tokens} were requested ({prompt_tokens} in the prompt, "
-            f"{max_tokens} for the completion). Shorten the prompt or lower max_tokens."
-        )
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.context_length = context_length
+        super().__init__(self.message("prompt"))
+
+    def message(self, prompt_field: str) -> str:
+        """OpenAI's message, naming the prompt as the endpoint's field ("messages", "prompt")."""
+        return (
+            f"This model's maximum context length is {self.context_length} tokens. However, you "
+            f"requested {self.prompt_tokens + self.max_tokens} tokens ({self.prompt_tokens} in "
+            f"the {prompt_field}, {self.max_tokens} in the completion). Please reduce the length "
+            f"of the {prompt_field} or completion."
+        )
 
 
 class InvalidGenerationRequest(EngineError):

@@ -20,13 +20,17 @@ __all__ = [
     "GenerationDelta",
     "GenerationHandle",
     "GenerationRequest",
+    "MessageToolCall",
     "ModelSource",
+    "OutputConstraint",
     "SamplingParams",
     "TokenLogprob",
+    "ToolCallPiece",
+    "ToolDefinition",
     "Usage",
 ]
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,9 +51,41 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         return self.temperature <= 0.0
 
 
+class MessageToolCall(msgspec.Struct, frozen=True):
+    """A tool call an assistant made earlier in the conversation."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
 class ChatMessage(msgspec.Struct, frozen=True):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[MessageToolCall, ...] = ()  # assistant messages only
+    tool_call_id: str | None = None  # tool messages only: the call this result answers
+
+
+class ToolDefinition(msgspec.Struct, frozen=True):
+    """A function the model may call: its parameters are a checked JSON schema (canonical
+    JSON text, see `backends.structured`)."""
+
+    name: str
+    description: str
+    parameters: str
+
+
+class OutputConstraint(msgspec.Struct, frozen=True):
+    """What the generated text must be, enforced while sampling (constrained decoding).
+
+    `schema` is canonical JSON-schema text (`backends.structured.check_schema`).  Without a
+    `trigger` the whole output is one JSON value valid against it; with one, the output is free
+    text that may end with `trigger` followed by such a value (tool_choice "auto").
+    """
+
+    schema: str
+    trigger: str | None = None
+    param: str = "response_format"  # the request field an error about the schema names
 
 
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,6 +114,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     cache_salt: str | None = None
     # Scheduling priority where the engine supports it (lower runs earlier; 0 is the default).
     priority: int = 0
+    tools: tuple[ToolDefinition, ...] = ()  # rendered into the prompt (backends.tool_calls)
+    constraint: OutputConstraint | None = None
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
@@ -92,8 +130,22 @@ class Usage(msgspec.Struct, frozen=True):
     completion_tokens: int
 
 
+class ToolCallPiece(msgspec.Struct, frozen=True):
+    """A piece of a tool call, as it streams: the first piece of call `index` carries its `id`
+    and `name` (and no arguments), the next ones pieces of its JSON arguments."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+
 class GenerationDelta(msgspec.Struct, frozen=True, kw_only=True):
-    """A step of output.  `text` is safe to send: complete UTF-8, never part of a stop string."""
+    """A step of output.  `text` is safe to send: complete UTF-8, never part of a stop string.
+
+    `tool_calls` is never set by an engine: the gateway's tool-call parsing moves a call out of
+    `text` into pieces (`backends.tool_calls.ToolCallParser`).
+    """
 
     text: str = ""
     n_tokens: int = 0
@@ -102,6 +154,7 @@ class GenerationDelta(msgspec.Struct, frozen=True, kw_only=True):
     usage: Usage | None = None  # set on the final delta only
     prompt_text: str | None = None  # set on the first delta when echo_prompt was asked
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCallPiece, ...] = ()
 
 
 class EngineLoad(msgspec.Struct, frozen=True):

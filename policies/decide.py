@@ -16,10 +16,14 @@ The deciding rule's checks run in this order; the first that fails is the code:
     engine_class_not_allowed   no deployment of the model has a class in `engine_classes`
     max_tokens_exceeded        the request's max_tokens is above the rule's `max_tokens`
     n_exceeded                 n is above `max_n`
+    tools_not_allowed          the request offers tools and the rule says `tools = false`
+    structured_outputs_not_allowed
+                               json_object / json_schema asked, `structured_outputs = false`
     prompt_too_large           prompt_bytes is above `max_prompt_bytes`
 
-Suggested HTTP mapping for the gateway: 403 for no_matching_rule, model_not_allowed and
-engine_class_not_allowed, 400 for max_tokens_exceeded and n_exceeded, 413 for prompt_too_large.
+Suggested HTTP mapping for the gateway: 403 for no_matching_rule, model_not_allowed,
+engine_class_not_allowed, tools_not_allowed and structured_outputs_not_allowed, 400 for
+max_tokens_exceeded and n_exceeded, 413 for prompt_too_large.
 
 Pure: no clock, no I/O, no randomness; it never raises for any facts it is given.
 """
@@ -136,6 +140,13 @@ def _cap_refusal(rule: Rule, request: RequestFacts) -> tuple[DecisionCode, str] 
         return "max_tokens_exceeded", f"max_tokens may be at most {cap} for this API key"
     if rule.max_n is not None and request.n > rule.max_n:
         return "n_exceeded", f"n may be at most {rule.max_n} for this API key"
+    if request.tools and not rule.tools:
+        return "tools_not_allowed", "this API key may not offer tools to the model"
+    if request.response_format != "text" and not rule.structured_outputs:
+        return (
+            "structured_outputs_not_allowed",
+            "this API key may not ask for structured outputs",
+        )
     if rule.max_prompt_bytes is not None and request.prompt_bytes > rule.max_prompt_bytes:
         return (
             "prompt_too_large",

@@ -57,6 +57,8 @@ DecisionCode = Literal[
     "max_tokens_exceeded",
     "n_exceeded",
     "prompt_too_large",
+    "tools_not_allowed",
+    "structured_outputs_not_allowed",
     "no_matching_rule",
 ]
 ROLES: tuple[Role, ...] = ("app", "auditor", "admin")
@@ -87,6 +89,8 @@ class Rule(_Strict, frozen=True, kw_only=True, forbid_unknown_fields=True):
     tokens_per_minute: Positive | None = None
     concurrent_streams: Positive | None = None
     engine_classes: Annotated[tuple[EngineClass, ...], Meta(min_length=1)] = ("gpu", "edge")
+    tools: bool = True  # may requests offer the model tools to call
+    structured_outputs: bool = True  # may requests ask for json_object / json_schema output
     audit_level: AuditLevel = "metadata"
     # engine scheduling priority (vLLM: lower runs first; engines without priorities ignore it)
     priority: Annotated[int, Meta(ge=-1000, le=1000)] = 0
@@ -138,6 +142,8 @@ class RequestFacts(msgspec.Struct, frozen=True):
     n: int
     prompt_bytes: int
     stream: bool
+    tools: int = 0  # tools offered (0: none)
+    response_format: str = "text"  # "text", "json_object" or "json_schema"
 
 
 class Limits(msgspec.Struct, frozen=True):

@@ -11,6 +11,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import llama_cpp as ll
 import numpy as np
@@ -19,7 +20,7 @@ import numpy.typing as npt
 from ..errors import EngineFailure
 from ..types import SamplingParams
 
-__all__ = ["Batch", "Context", "Model", "Sampler", "init_backend"]
+__all__ = ["Batch", "Context", "Model", "Sampler", "free_sampler", "init_backend"]
 
 _log = logging.getLogger("airgate.llamacpp")
 _GGML_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
@@ -196,7 +197,9 @@ class Batch:
 class Sampler:
     """A per-request sampler chain in llama.cpp's usual order."""
 
-    def __init__(self, params: SamplingParams, n_vocab: int, max_tokens: int) -> None:
+    def __init__(
+        self, params: SamplingParams, n_vocab: int, max_tokens: int, grammar: Any = None
+    ) -> None:
         chain_params = ll.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self.ptr = ll.llama_sampler_chain_init(chain_params)
@@ -223,6 +226,8 @@ class Sampler:
                     params.presence_penalty,
                 )
             )
+        if grammar is not None:  # the chain owns it from here: freed with the chain
+            add(grammar)
         if params.greedy:
             add(ll.llama_sampler_init_greedy())
             return
@@ -243,3 +248,8 @@ class Sampler:
         if self.ptr:
             ll.llama_sampler_free(self.ptr)
             self.ptr = None
+
+
+def free_sampler(ptr: Any) -> None:
+    """Free a sampler no chain took (a grammar of a request dropped before it ran)."""
+    ll.llama_sampler_free(ptr)

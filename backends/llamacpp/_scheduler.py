@@ -17,13 +17,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from .._text import StopMatcher, Utf8Stream
 from ..errors import EngineFailure, EngineNotReady, EngineOverloaded
 from ..types import FinishReason, GenerationDelta, SamplingParams, TokenLogprob, Usage
-from ._native import Batch, Context, Sampler
+from ._native import Batch, Context, Sampler, free_sampler
 
 __all__ = ["Scheduler", "Sequence"]
 
@@ -46,6 +47,7 @@ class Sequence:
         "echo_prompt",
         "finished",
         "generated",
+        "grammar",
         "last_token",
         "logprobs",
         "max_tokens",
@@ -73,8 +75,10 @@ class Sequence:
         echo_prompt: bool,
         prompt_text: str | None,
         out: asyncio.Queue[GenerationDelta | BaseException],
+        grammar: Any = None,
     ) -> None:
         self.prompt = prompt
+        self.grammar = grammar  # a grammar sampler until the sequence's chain takes it
         self.max_tokens = max_tokens
         self.params = params
         self.logprobs = logprobs
@@ -92,6 +96,11 @@ class Sequence:
         self.cancelled = False
         self.finished = False
         self.submitted = time.monotonic()
+
+    def drop_grammar(self) -> None:
+        if self.grammar is not None:
+            free_sampler(self.grammar)
+            self.grammar = None
 
     @property
     def want_prompt_logprobs(self) -> bool:
@@ -196,13 +205,15 @@ class Scheduler:
             self._pending = collections.deque(s for s in self._pending if not s.cancelled)
             for seq in dropped:
                 seq.finished = True
+                seq.drop_grammar()
         for slot, current in enumerate(self._slots):
             if current is not None:
                 continue
             if self._pending:
                 seq = self._pending.popleft()
                 seq.slot = slot
-                seq.sampler = Sampler(seq.params, self._model.n_vocab, seq.max_tokens)
+                seq.sampler = Sampler(seq.params, self._model.n_vocab, seq.max_tokens, seq.grammar)
+                seq.grammar = None
                 self._slots[slot] = seq
         return dropped
 
@@ -368,6 +379,7 @@ class Scheduler:
             waiting = list(self._pending)
             self._pending.clear()
         for seq in waiting:
+            seq.drop_grammar()
             outbox.append((seq.out, exc))
         for running in self._slots:
             if running is not None:

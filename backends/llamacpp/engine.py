@@ -13,6 +13,7 @@ from ..budget import completion_budget
 from ..chat_template import ChatTemplate
 from ..errors import EngineNotReady, InvalidGenerationRequest
 from ..types import EngineLoad, GenerationDelta, GenerationRequest, ModelSource
+from ._grammar import GrammarCache
 from ._native import Context, Model, init_backend
 from ._scheduler import Scheduler, Sequence
 
@@ -39,6 +40,7 @@ class LlamaCppOptions(msgspec.Struct, frozen=True, kw_only=True):
     # Results independent of the load at any slot count (always true up to 7 slots); above 7
     # it costs about a third of the aggregate throughput at 8 streams (BENCHMARKS.md).
     batch_invariant: bool = False
+    grammar_budget_s: float = 5.0  # compile time allowed for one output schema's grammar
 
 
 class _Handle:
@@ -85,6 +87,7 @@ class LlamaCppEngine:
         self._model: Model | None = None
         self._ctx: Context | None = None
         self._scheduler: Scheduler | None = None
+        self.grammars: GrammarCache | None = None
         self.n_threads = self.options.n_threads or available_cores()
 
     @property
@@ -94,7 +97,8 @@ class LlamaCppEngine:
     async def start(self) -> None:
         opts = self.options
         await asyncio.to_thread(self._load)
-        assert self._ctx is not None
+        assert self._ctx is not None and self._model is not None
+        self.grammars = GrammarCache(self._model, budget_s=opts.grammar_budget_s)
         self._scheduler = Scheduler(
             self._ctx,
             n_slots=opts.slots,
@@ -133,6 +137,9 @@ class LlamaCppEngine:
         if self._scheduler is not None:
             await asyncio.to_thread(self._scheduler.stop)
             self._scheduler = None
+        if self.grammars is not None:
+            await asyncio.to_thread(self.grammars.close)
+            self.grammars = None
         if self._ctx is not None:
             self._ctx.close()
             self._ctx = None
@@ -161,7 +168,7 @@ class LlamaCppEngine:
             )
         if request.messages is not None:
             tokens: list[int] = []
-            for part, is_content in self._template.render(request.messages):
+            for part, is_content in self._template.render(request.messages, request.tools):
                 tokens += model.tokenize(part, add_special=False, parse_special=not is_content)
             return tokens, None
         if request.prompt_tokens is not None:
@@ -193,6 +200,9 @@ class LlamaCppEngine:
             raise InvalidGenerationRequest("the prompt is empty", param="prompt")
         n_ctx = self.context_length
         max_tokens = completion_budget(request, prompt_tokens=len(tokens), context_length=n_ctx)
+        grammar = None
+        if request.constraint is not None and self.grammars is not None:
+            grammar = await self.grammars.sampler(request.constraint)
         seq = Sequence(
             prompt=tokens,
             max_tokens=max_tokens,
@@ -202,8 +212,13 @@ class LlamaCppEngine:
             echo_prompt=request.echo_prompt,
             prompt_text=prompt_text,
             out=asyncio.Queue(),
+            grammar=grammar,
         )
-        scheduler.submit(seq)
+        try:
+            scheduler.submit(seq)
+        except BaseException:
+            seq.drop_grammar()
+            raise
         return _Handle(scheduler, seq)
 
 

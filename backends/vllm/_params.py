@@ -6,12 +6,14 @@ decides *what* vLLM samples is here, so it is testable without a model.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..budget import completion_budget
-from ..types import GenerationRequest
+from ..structured import ANY_JSON_OBJECT
+from ..types import GenerationRequest, OutputConstraint
 
-__all__ = ["resolve_max_tokens", "sampling_kwargs"]
+__all__ = ["resolve_max_tokens", "sampling_kwargs", "structured_outputs"]
 
 # vLLM raises temperatures in (0, 0.01) to 0.01 and logs a warning for every such request;
 # doing it here keeps the log quiet and the behaviour the same.
@@ -59,3 +61,24 @@ def sampling_kwargs(
         "detokenize": True,
         "skip_special_tokens": True,
     }
+
+
+def structured_outputs(constraint: OutputConstraint | None) -> dict[str, Any] | None:
+    """`StructuredOutputsParams(**kwargs)` for a constraint (xgrammar on vLLM's CPU build).
+
+    With a trigger (tool_choice "auto"), a structural tag: free text until the trigger, then
+    JSON valid against the schema."""
+    if constraint is None:
+        return None
+    if constraint.trigger is None:
+        if constraint.schema == ANY_JSON_OBJECT:
+            return {"json_object": True}
+        return {"json": constraint.schema}
+    tag = {
+        "type": "structural_tag",
+        "structures": [
+            {"begin": constraint.trigger, "schema": json.loads(constraint.schema), "end": ""}
+        ],
+        "triggers": [constraint.trigger],
+    }
+    return {"structural_tag": json.dumps(tag)}

@@ -35,7 +35,7 @@ from ..errors import (
 from ..types import EngineLoad, GenerationRequest, ModelSource
 from ._handle import Handle, HandleContext
 from ._load import SchedulerSnapshot, split_load, stat_logger_factory
-from ._params import sampling_kwargs
+from ._params import sampling_kwargs, structured_outputs
 from ._processes import EngineProcesses
 from ._tokenizer import Tokenizer
 
@@ -256,7 +256,7 @@ class VllmEngine:
                     "this model has no chat template; send a prompt instead", param="messages"
                 )
             tokens: list[int] = []
-            for text, is_content in self._template.render(request.messages):
+            for text, is_content in self._template.render(request.messages, request.tools):
                 tokens += tok.encode_segment(text, content=is_content, first=not tokens)
             return tokens, None
         if request.prompt_tokens is not None:
@@ -314,10 +314,17 @@ class VllmEngine:
         """Hand the request to vLLM; its errors become ours (naming no content)."""
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs import tokens_input
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
+        from vllm.sampling_params import (
+            RequestOutputKind,
+            SamplingParams,
+            StructuredOutputsParams,
+        )
         from vllm.v1.engine.exceptions import EngineDeadError
 
         try:
+            constrained = structured_outputs(request.constraint)
+            if constrained is not None:
+                kwargs["structured_outputs"] = StructuredOutputsParams(**constrained)
             params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
             # An engine input (type "token"), not a raw TokensPrompt: vLLM renders nothing.
             prompt = tokens_input(tokens, cache_salt=request.cache_salt)
@@ -334,6 +341,16 @@ class VllmEngine:
             raise EngineFailure("the vLLM engine is not running") from exc
         except EngineError:
             raise
+        except ValueError as exc:
+            if request.constraint is None:
+                raise EngineFailure(
+                    f"the vLLM engine could not accept the request ({type(exc).__name__})"
+                ) from exc
+            # vLLM's message may quote the schema: it is not passed on
+            raise InvalidGenerationRequest(
+                "the output schema cannot be compiled by vLLM's grammar backend",
+                param=request.constraint.param,
+            ) from exc
         except Exception as exc:
             raise EngineFailure(
                 f"the vLLM engine could not accept the request ({type(exc).__name__})"

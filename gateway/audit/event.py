@@ -115,6 +115,11 @@ class AuditEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     ttft_ms: Millis | None = None
     finish_reason: Code | None = None
     sampling: Sampling = {}  # temperature, top_p, max_tokens, n, seed, stream, ...
+    # the output's shape: "text", "json_object" or "json_schema" (never the schema), how many
+    # tools were offered and how many calls were made (never names, descriptions, arguments)
+    response_format: Literal["json_object", "json_schema"] | None = None  # absent: text
+    tools_count: Count | None = None
+    tool_calls_count: Count | None = None
     request_bytes: Count | None = None
     response_bytes: Count | None = None
     policy_version: Ident | None = None

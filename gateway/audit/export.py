@@ -74,6 +74,9 @@ CSV_COLUMNS = (
     "decision",
     "degraded",
     "detail",
+    "response_format",
+    "tools_count",
+    "tool_calls_count",
     "row_hash",
 )
 
@@ -226,6 +229,9 @@ def ocsf_event(rec: AuditRecord) -> dict[str, Any]:
             "response_bytes": ev.response_bytes,
             "degraded": ev.degraded or None,
             "detail": ev.detail,
+            "response_format": ev.response_format,
+            "tools_count": ev.tools_count,
+            "tool_calls_count": ev.tool_calls_count,
             "row_hash": rec.row_hash,
         },
     }

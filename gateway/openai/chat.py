@@ -10,7 +10,7 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.response import Stream
 
-from backends.types import ChatMessage, GenerationDelta, TokenLogprob, Usage
+from backends.types import GenerationDelta, TokenLogprob, ToolCallPiece, Usage
 
 from ..errors import GatewayError, InvalidRequest, UnsupportedParameter
 from ..http.decode import decode
@@ -18,6 +18,7 @@ from ..http.disconnect import disconnected
 from ..http.request_log import RequestInfo, request_info
 from ..pipeline import Generation, InferenceRequest, Pipeline
 from . import types as t
+from .outputs import messages, outputs
 from .sampling import finish_reason, inference_request, sampling_params, stop_strings
 from .sse import SSE_DONE, SSE_HEADERS, TextFrame, sse, sse_error
 
@@ -27,34 +28,15 @@ _decoder = msgspec.json.Decoder(t.ChatCompletionRequest)
 _encode = msgspec.json.Encoder().encode
 
 
-def _messages(body: t.ChatCompletionRequest) -> tuple[ChatMessage, ...]:
-    out = []
-    for i, m in enumerate(body.messages):
-        if isinstance(m, t.ToolMessage):
-            raise UnsupportedParameter(
-                "tool messages are not supported (this server has no tool calling).",
-                param=f"messages[{i}].role",
-            )
-        content = m.content
-        if not isinstance(content, str):
-            texts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, t.TextPart):
-                    raise UnsupportedParameter(
-                        "only text content parts are supported by this model.",
-                        param=f"messages[{i}].content[{j}].type",
-                    )
-                texts.append(part.text)
-            content = "\n".join(texts)
-        out.append(ChatMessage(type(m).__struct_config__.tag, content))  # type: ignore[arg-type]
-    return tuple(out)
-
-
 def _facts(
     request: Request[Any, Any, Any], body: t.ChatCompletionRequest, raw: bytes, log: RequestInfo
 ) -> InferenceRequest:
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs requires logprobs to be true.", param="top_logprobs")
+    if body.store:
+        raise UnsupportedParameter(
+            "store: true is not supported: this server never stores completions.", param="store"
+        )
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest(
             "stream_options is only allowed when stream is true.", param="stream_options"
@@ -67,8 +49,13 @@ def _facts(
         raise InvalidRequest(
             "max_tokens and max_completion_tokens disagree; send one.", param="max_tokens"
         )
+    shape = outputs(body)
     generation = Generation(
-        messages=_messages(body),
+        messages=messages(body),
+        tools=shape.tools,
+        constraint=shape.constraint,
+        output=shape.kind,
+        tools_offered=shape.tools_offered,
         max_tokens=body.max_completion_tokens or body.max_tokens,
         stop=stop_strings(body.stop),
         sampling=sampling_params(body),
@@ -107,7 +94,7 @@ async def chat_completions(
     model = run.model.id
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        encoder = _ChatStream(response_id, created, model, usage, body.logprobs)
+        encoder = _ChatStream(response_id, created, model, usage, bool(body.logprobs))
         return Stream(
             run.stream(encoder),
             media_type="text/event-stream",
@@ -120,7 +107,9 @@ async def chat_completions(
         logprobs = None
         if body.logprobs:
             logprobs = t.ChatLogprobs([x for d in deltas for x in _logprobs(d.logprobs)])
-        message = t.ResponseMessage("assistant", "".join(d.text for d in deltas))
+        text = "".join(d.text for d in deltas)
+        calls = _tool_calls([p for d in deltas for p in d.tool_calls])
+        message = t.ResponseMessage(text or None if calls else text, None, calls or None)
         return _encode(
             t.ChatCompletion(
                 id=response_id,
@@ -133,6 +122,18 @@ async def chat_completions(
 
     payload = await run.result(render, disconnected(request))
     return Response(payload, media_type="application/json", headers=run.headers)
+
+
+def _tool_calls(pieces: list[ToolCallPiece]) -> list[t.ToolCall]:
+    """Whole calls from their streamed pieces (the first piece names the call)."""
+    calls: list[t.ToolCall] = []
+    for piece in pieces:
+        if piece.id is not None:
+            calls.append(t.ToolCall(piece.id, t.ToolCallFunction(piece.name or "", "")))
+        else:
+            f = calls[piece.index].function
+            f.arguments += piece.arguments
+    return calls
 
 
 def _usage(delta: GenerationDelta) -> t.UsageInfo:
@@ -167,7 +168,13 @@ class _ChatStream:
 
     def delta(self, index: int, delta: GenerationDelta) -> bytes:
         out = b""
-        if self._logprobs and delta.logprobs:
+        if delta.tool_calls:
+            if delta.text:
+                out = self._text(delta.text)
+            out += self._chunk(
+                [t.ChunkChoice(0, t.Delta(tool_calls=[_call_delta(p) for p in delta.tool_calls]))]
+            )
+        elif self._logprobs and delta.logprobs:
             logprobs = t.ChatLogprobs(_logprobs(delta.logprobs))
             out = self._chunk([t.ChunkChoice(0, t.Delta(content=delta.text), None, logprobs)])
         elif delta.text:
@@ -184,3 +191,11 @@ class _ChatStream:
 
     def failure(self, error: GatewayError) -> bytes:
         return sse_error(error)
+
+
+def _call_delta(piece: ToolCallPiece) -> t.ToolCallDelta:
+    if piece.id is not None:  # the call's first piece: id, type and name, empty arguments
+        return t.ToolCallDelta(
+            piece.index, t.ToolCallFunctionDelta(piece.name, ""), piece.id, "function"
+        )
+    return t.ToolCallDelta(piece.index, t.ToolCallFunctionDelta(arguments=piece.arguments))

@@ -59,7 +59,7 @@ def _facts(
         stop=stop_strings(body.stop),
         sampling=sampling_params(body),
         logprobs=body.logprobs,
-        echo_prompt=body.echo,
+        echo_prompt=bool(body.echo),
     )
     return inference_request(
         request, log, body, raw, generation, action="completions", prompt_param="prompt"

@@ -30,7 +30,7 @@ _TOKEN_ID = re.compile(r"[0-9]{1,9}")  # ASCII digits only; the engine checks th
 
 def sampling_params(body: Any) -> SamplingParams:
     """Sampling from the fields chat and completions share (validated ranges already)."""
-    if body.n != 1:
+    if (body.n or 1) != 1:
         raise UnsupportedParameter(
             "n > 1 is not supported: send one request per choice.", param="n"
         )
@@ -111,10 +111,10 @@ def inference_request(
         route=log.route,
         model=body.model,
         prompt_bytes=len(raw),
-        stream=body.stream,
+        stream=bool(body.stream),
         generation=generation,
         sampling=audit_sampling(body),
         prompt_param=prompt_param,
-        n=body.n,
+        n=body.n or 1,
         traceparent=request.headers.get("traceparent"),
     )

@@ -9,7 +9,7 @@
 Adapters (gateway/openai, later gateway/ollama) import this package; it never imports them.
 """
 
-from .facts import Action, Generation, InferenceRequest, Progress, RawPrompt, Record
+from .facts import Action, Generation, InferenceRequest, OutputKind, Progress, RawPrompt, Record
 from .run import Inference, Pipeline, StreamEncoder
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "Generation",
     "Inference",
     "InferenceRequest",
+    "OutputKind",
     "Pipeline",
     "Progress",
     "RawPrompt",

@@ -43,6 +43,7 @@ _STATUS: dict[str, tuple[type[GatewayError], str | None]] = {
     "n_exceeded": (InvalidRequest, "n"),
     "prompt_too_large": (RequestTooLarge, None),
 }
+_DENIED_PARAM = {"tools_not_allowed": "tools", "structured_outputs_not_allowed": "response_format"}
 _DEFAULT_MAX_TOKENS = 256  # reserved when neither the request nor the policy caps it
 
 
@@ -67,6 +68,8 @@ async def admit(
         n=request.n,
         prompt_bytes=request.prompt_bytes,
         stream=request.stream,
+        tools=generation.tools_offered,
+        response_format=generation.output,
     )
     judge = security.policy.judge
     decision = judge.decide(_policy_principal(principal), facts)
@@ -82,6 +85,10 @@ async def admit(
     if decision.audit_level != "minimal":  # minimal: who, what and the outcome only
         base["sampling"] = request.sampling
         base["request_bytes"] = request.prompt_bytes
+        if generation.output != "text":
+            base["response_format"] = generation.output
+        if generation.tools_offered:
+            base["tools_count"] = generation.tools_offered
     now = datetime.now(UTC)
     if not decision.allowed:
         error: GatewayError
@@ -89,7 +96,11 @@ async def admit(
             error_type, param = _STATUS[decision.code]
             error = error_type(decision.message, param=param)
         else:
-            error = PolicyDenied(decision.message, decision_code=decision.code)
+            error = PolicyDenied(
+                decision.message,
+                decision_code=decision.code,
+                param=_DENIED_PARAM.get(decision.code),
+            )
         await _deny(security, base, now, "policy.denied", error)
         raise error
     limits = decision.limits

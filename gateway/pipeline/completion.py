@@ -60,6 +60,7 @@ class Admitted:
             prompt_tokens=p.prompt_tokens,
             completion_tokens=p.completion_tokens,
             finish_reason=_code(p.finish_reason),
+            tool_calls_count=p.tool_calls,
             ttft_ms=ttft,
             latency_ms=round((time.perf_counter() - self._start) * 1000, 3),
             **self._base,

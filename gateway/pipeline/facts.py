@@ -17,14 +17,24 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from backends.types import ChatMessage, SamplingParams
+from backends.types import ChatMessage, OutputConstraint, SamplingParams, ToolDefinition
 
 from ..access.auth import Principal
 
-__all__ = ["Action", "Generation", "InferenceRequest", "Progress", "RawPrompt", "Record"]
+__all__ = [
+    "Action",
+    "Generation",
+    "InferenceRequest",
+    "OutputKind",
+    "Progress",
+    "RawPrompt",
+    "Record",
+]
 
 # The audited action: what the client asked for, in its protocol's words.
 Action = Literal["chat.completions", "completions"]
+# What the output must be: free text, any JSON object, or JSON valid against a schema.
+OutputKind = Literal["text", "json_object", "json_schema"]
 # One raw prompt: text (special tokens parsed, as completions expect) or token ids.
 RawPrompt = str | tuple[int, ...]
 
@@ -41,6 +51,13 @@ class Generation(msgspec.Struct, frozen=True, kw_only=True):
     sampling: SamplingParams = SamplingParams()
     logprobs: int | None = None
     echo_prompt: bool = False
+    # Tools the model may call (rendered into the prompt; their calls are parsed out of the
+    # text), and the constraint the engine enforces while sampling (structured output, or the
+    # shape of tool calls).  `output` and `tools_offered` are what the audit log counts.
+    tools: tuple[ToolDefinition, ...] = ()
+    constraint: OutputConstraint | None = None
+    output: OutputKind = "text"
+    tools_offered: int = 0
 
     @property
     def sequences(self) -> int:
@@ -79,6 +96,7 @@ class Progress:
         "prompt_tokens",
         "route_reason",
         "stream",
+        "tool_calls",
         "ttft_s",
     )
 
@@ -92,6 +110,7 @@ class Progress:
         self.completion_tokens: int | None = None
         self.finish_reason: str | None = None
         self.ttft_s: float | None = None
+        self.tool_calls: int | None = None  # calls read out of the output (tools offered)
         self.error_code: str | None = None
 
 

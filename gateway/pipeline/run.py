@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from backends.tool_calls import ToolCallParser
 from backends.types import ChatMessage, GenerationDelta, GenerationRequest, Usage
 
 from ..access.stack import Security, SecurityHolder
@@ -155,6 +156,8 @@ def _engine_requests(
             echo_prompt=g.echo_prompt,
             cache_salt=salt,
             priority=decision.priority,
+            tools=g.tools,
+            constraint=g.constraint,
         )
 
     if g.messages is not None:
@@ -182,6 +185,30 @@ class Inference:
         self._admitted = admitted
         self._span = span
         self._attempts = Attempts(pipeline, request, model, progress, admitted, span, requests)
+        g = request.generation
+        self._parsers: list[ToolCallParser] | None = None
+        if g.tools and g.constraint is not None:
+            self._parsers = [ToolCallParser(g.constraint.trigger) for _ in requests]
+            progress.tool_calls = 0
+
+    def _deltas(self) -> AsyncIterator[tuple[int, GenerationDelta]]:
+        """The engine's deltas; where tools were offered, with tool calls read out of the text
+        (a plain request pays nothing for it)."""
+        if self._parsers is None:
+            return self._attempts.deltas()
+        return self._parsed(self._parsers)
+
+    async def _parsed(
+        self, parsers: list[ToolCallParser]
+    ) -> AsyncIterator[tuple[int, GenerationDelta]]:
+        progress = self.progress
+        async for index, delta in self._attempts.deltas():
+            delta = parsers[index].feed(delta)
+            if delta.finish_reason is not None:
+                progress.tool_calls = sum(p.calls for p in parsers)
+                if delta.finish_reason == "tool_calls":
+                    progress.finish_reason = "tool_calls"
+            yield index, delta
 
     async def submit(self, request: InferenceRequest, started: float) -> None:
         try:
@@ -205,7 +232,7 @@ class Inference:
         per_choice: list[list[GenerationDelta]] = [[] for _ in range(self.sequences)]
 
         async def gather() -> None:
-            async for index, delta in self._attempts.deltas():
+            async for index, delta in self._deltas():
                 per_choice[index].append(delta)
 
         # Gathered in a task of its own: each delta then resumes that task's short stack, not
@@ -241,7 +268,7 @@ class Inference:
             yield opening
         prompt = completion = 0
         try:
-            async for index, delta in self._attempts.deltas():
+            async for index, delta in self._deltas():
                 chunk = encoder.delta(index, delta)
                 if chunk:
                     yield chunk

@@ -118,6 +118,8 @@ def _big(s: str) -> dict[str, Any]:
 
 BAD_PARAM = "unsupported_parameter"
 TOO_LONG = "context_length_exceeded"
+# OpenAI's opening sentence, which litellm reads to raise ContextWindowExceededError
+TOO_LONG_OPENING = "This model's maximum context length is 2048 tokens. However, you requested"
 COMPLETIONS = "/v1/completions"
 CASES = [
     case("malformed_json", 400, _malformed, param=None, message_has=("JSON",)),
@@ -130,7 +132,7 @@ CASES = [
         400,
         lambda s: chat(s, max_tokens=4000),
         code=TOO_LONG,
-        message_has=("2048",),
+        message_has=(TOO_LONG_OPENING, "4000 in the completion"),
     ),
     case("n_2", 400, lambda s: chat(s, n=2), param="n", code=BAD_PARAM),
     case("n_2_streaming", 400, lambda s: chat(s, n=2, stream=True), param="n", code=BAD_PARAM),
@@ -156,7 +158,11 @@ CASES = [
         lambda s: chat((s + " ") * 400),
         param="messages",
         code=TOO_LONG,
-        message_has=("2048", "in the prompt"),
+        message_has=(
+            TOO_LONG_OPENING,
+            "in the messages,",
+            "Please reduce the length of the messages",
+        ),
     ),
     case("unknown_route", 404, chat, path="/v1/no-such-route", code="not_found"),
     case("wrong_method_put", 405, chat, method="PUT", code="method_not_allowed"),
@@ -207,7 +213,7 @@ CASES = [
         path=COMPLETIONS,
         param=ANY,
         code=TOO_LONG,
-        message_has=("2048",),
+        message_has=(TOO_LONG_OPENING, "in the prompt,", "Please reduce the length of the prompt"),
     ),
     case(
         "completion_unknown_parameter",

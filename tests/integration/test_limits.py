@@ -143,6 +143,16 @@ async def test_concurrent_admits_get_the_burst_and_no_more(shared: tuple[Redis, 
     assert refused.headers["retry-after"] == "1"
 
 
+async def test_remaining_counts_down_from_the_limit(shared: tuple[Redis, str]) -> None:
+    lim = _limiter(shared)  # rpm=60: burst 6, one request a second refills
+    results = [await _admit(lim, rpm=60) for _ in range(7)]
+    assert [r.allowed for r in results] == [True] * 6 + [False]
+    seen = [int(r.headers["x-ratelimit-remaining-requests"]) for r in results]
+    # a fresh key reads the limit less this request; the burst spent, the last and the 429 read 0
+    assert seen == [59, 58, 57, 56, 55, 0, 0]
+    assert all(r.headers["x-ratelimit-limit-requests"] == "60" for r in results)
+
+
 async def test_no_burst_across_a_second_boundary(shared: tuple[Redis, str]) -> None:
     """10/s with burst 5, hammered by waves of concurrent admits from just before a whole
     second of Redis time until 0.1 s after it.  A fixed one-second window would admit up to

@@ -621,7 +621,10 @@ def test_requests_beyond_the_burst_are_429_with_headers_and_audited(gw: Gateway)
             assert ok.headers["x-ratelimit-limit-requests"] == str(RPM)
             assert ok.headers["x-ratelimit-reset-requests"]
             remaining.append(int(ok.headers["x-ratelimit-remaining-requests"]))
-        assert remaining == sorted(remaining, reverse=True) and remaining[-1] == 0
+        # counted down from the minute's limit: the first request reads RPM - 1, each one takes
+        # one more, and the last of the burst reads 0 (the next would be refused)
+        assert remaining[:-1] == [RPM - n for n in range(1, BURST)]
+        assert remaining[-1] == 0
         for _ in range(2):
             refused = gw.chat(key)
             assert_envelope(refused, 429, "rate_limit_exceeded")

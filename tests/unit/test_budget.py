@@ -50,6 +50,23 @@ def test_what_is_refused(prompt: int, max_tokens: int | None, fit: bool) -> None
         budget(prompt, max_tokens, fit=fit)
     assert info.value.prompt_tokens == prompt
     assert info.value.context_length == CTX
+    # every refusal opens with OpenAI's sentence, the prompt that alone fills the context too
+    assert str(info.value).startswith(
+        f"This model's maximum context length is {CTX} tokens. However, you requested "
+        f"{prompt + info.value.max_tokens} tokens ({prompt} in the prompt, "
+    )
+
+
+@pytest.mark.parametrize("prompt", [CTX, CTX + 5])
+def test_a_prompt_that_fills_the_context_is_counted_with_one_completion_token(prompt: int) -> None:
+    with pytest.raises(ContextLengthExceeded) as info:
+        budget(prompt, None)
+    assert info.value.max_tokens == 1
+    assert info.value.message("messages") == (
+        f"This model's maximum context length is {CTX} tokens. However, you requested "
+        f"{prompt + 1} tokens ({prompt} in the messages, 1 in the completion). "
+        "Please reduce the length of the messages or completion."
+    )
 
 
 def test_an_engine_default_applies_only_without_max_tokens() -> None:

@@ -57,6 +57,25 @@ def test_valid_chat_request_decodes() -> None:
     )
 
 
+def test_fields_clients_send_as_null_or_harmless_decode() -> None:
+    """What OpenAI accepts and changes nothing here: null for n, stream and logprobs, an empty
+    tool list, a participant name, store false, metadata and a service tier."""
+    body = _chat(
+        n=None,
+        stream=None,
+        logprobs=None,
+        tools=[],
+        store=False,
+        metadata={"team": "x"},
+        service_tier="auto",
+        parallel_tool_calls=None,
+        messages=[{"role": "user", "content": "x", "name": "bob"}],
+    )
+    request = decode(CHAT, body)
+    assert isinstance(request, ChatCompletionRequest)
+    assert (request.n, request.stream, request.logprobs, request.tools) == (None, None, None, [])
+
+
 def test_valid_completion_request_decodes_with_openai_default_max_tokens() -> None:
     request = decode(COMPLETION, _completion(prompt=[[1, 2, 3]]))
     assert isinstance(request, CompletionRequest)
@@ -83,14 +102,19 @@ def test_body_that_is_not_an_object(body: bytes) -> None:
 @pytest.mark.parametrize(
     ("decoder", "body", "param"),
     [
-        (CHAT, _chat(tools=[{"type": "function"}]), "tools"),
-        (CHAT, _chat(tool_choice="auto"), "tool_choice"),
+        (CHAT, _chat(functions=[{"name": "f"}]), "functions"),
+        (CHAT, _chat(audio={"voice": "x"}), "audio"),
         (COMPLETION, _completion(suffix="x"), "suffix"),
         (CHAT, _chat(stream_options={"include_usage": True, "extra": 1}), "stream_options.extra"),
         (
             CHAT,
-            _chat(messages=[{"role": "user", "content": "x", "name": "bob"}]),
-            "messages[0].name",
+            _chat(messages=[{"role": "user", "content": "x", "nickname": "bob"}]),
+            "messages[0].nickname",
+        ),
+        (
+            CHAT,
+            _chat(tools=[{"type": "function", "function": {"name": "f", "x": 1}}]),
+            "tools[0].function.x",
         ),
         (
             CHAT,
@@ -147,7 +171,14 @@ def test_missing_required_field_is_named(
         (_chat(messages=[]), "messages"),
         (_chat(messages=[{"role": "robot", "content": "x"}]), "messages[0].role"),
         (_chat(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
-        (_chat(response_format={"type": "json_object"}), "response_format.type"),
+        (_chat(response_format={"type": "xml"}), "response_format.type"),
+        (_chat(tools=[{"type": "retrieval", "function": {"name": "f"}}]), "tools[0].type"),
+        (
+            _chat(tools=[{"type": "function", "function": {"name": "a b"}}]),
+            "tools[0].function.name",
+        ),
+        (_chat(tool_choice="sometimes"), "tool_choice"),
+        (_chat(service_tier="gold"), "service_tier"),
         (_chat(logit_bias={"1": 101}), "logit_bias[...]"),
     ],
 )
@@ -188,8 +219,23 @@ _SHAPES: dict[str, tuple[msgspec.json.Decoder[Any], Callable[[str], bytes]]] = {
     ),
     "content beside an unknown field": (
         CHAT,
-        lambda c: _chat(messages=[{"role": "user", "content": c, "name": "x"}]),
+        lambda c: _chat(messages=[{"role": "user", "content": c, "nickname": "x"}]),
     ),
+    "tool type tag": (
+        CHAT,
+        lambda c: _chat(tools=[{"type": c, "function": {"name": "f"}}]),
+    ),
+    "tool name": (
+        CHAT,
+        lambda c: _chat(tools=[{"type": "function", "function": {"name": c + " !"}}]),
+    ),
+    "tool description beside a bad name": (
+        CHAT,
+        lambda c: _chat(
+            tools=[{"type": "function", "function": {"name": "a b", "description": c}}]
+        ),
+    ),
+    "tool_choice value": (CHAT, lambda c: _chat(tool_choice=c)),
     "content of a tool message without its id": (
         CHAT,
         lambda c: _chat(messages=[{"role": "tool", "content": c}]),

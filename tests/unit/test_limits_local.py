@@ -277,7 +277,7 @@ def test_headers_follow_openai() -> None:
     first = admit(lim, rpm=60, tpm=6000, tokens=600)
     assert first.headers == {
         "x-ratelimit-limit-requests": "60",
-        "x-ratelimit-remaining-requests": "5",
+        "x-ratelimit-remaining-requests": "59",
         "x-ratelimit-reset-requests": "1s",
         "x-ratelimit-limit-tokens": "6000",
         "x-ratelimit-remaining-tokens": "5400",
@@ -290,6 +290,87 @@ def test_headers_follow_openai() -> None:
         "x-ratelimit-remaining-tokens",
         "x-ratelimit-reset-tokens",
     }
+
+
+def remaining(admission: Admission, what: str = "requests") -> int:
+    return int(admission.headers[f"x-ratelimit-remaining-{what}"])
+
+
+def test_remaining_counts_down_from_the_limit_and_reads_0_once_the_burst_is_spent() -> None:
+    clock = FakeClock()
+    lim = limiter(clock)  # rpm=600: burst 60, one request every 0.1 s
+    results = [admit(lim, rpm=600) for _ in range(61)]
+    assert [r.allowed for r in results] == [True] * 60 + [False]
+    seen = [remaining(r) for r in results]
+    assert seen[0] == 599  # a fresh key: the limit less this request
+    assert seen[:59] == list(range(599, 540, -1))  # one less per request
+    assert seen[59:] == [0, 0]  # the burst is spent: the next request, and the 429, read 0
+    assert all(r.headers["x-ratelimit-limit-requests"] == "600" for r in results)
+    assert results[-1].headers["x-ratelimit-reset-requests"] == "6s"
+    clock.advance(0.1)  # one request refills: it is admitted, and the next would not be
+    again = admit(lim, rpm=600)
+    assert again.allowed and remaining(again) == 0
+    clock.advance(6.0)  # reset: back to the initial state
+    fresh = admit(lim, rpm=600)
+    assert remaining(fresh) == 599
+    assert fresh.headers["x-ratelimit-reset-requests"] == "100ms"
+
+
+def test_remaining_refills_one_request_per_interval() -> None:
+    clock = FakeClock()
+    lim = limiter(clock)
+    for _ in range(10):
+        admit(lim, rpm=600)
+    clock.advance(0.25)  # 2.5 of the 10 refilled; with this one, 8.5 are in use
+    assert remaining(admit(lim, rpm=600)) == 600 - 9  # a part-refilled request still counts
+    assert remaining(admit(lim, "other", rpm=600)) == 599  # keys are their own
+
+
+def test_remaining_tokens_count_down_by_the_reservation() -> None:
+    lim = limiter(FakeClock())
+    counts = [remaining(admit(lim, tpm=6000, tokens=1000), "tokens") for _ in range(6)]
+    assert counts == [5000, 4000, 3000, 2000, 1000, 0]
+    refused = admit(lim, tpm=6000, tokens=1)
+    assert (refused.allowed, remaining(refused, "tokens")) == (False, 0)
+
+
+def test_remaining_never_reads_above_a_limit_smaller_than_its_burst() -> None:
+    lim = limiter(FakeClock(), burst=20)  # a burst rule larger than the minute
+    seen = [remaining(admit(lim, rpm=10)) for _ in range(21)]
+    assert seen == [10] * 10 + list(range(9, -1, -1)) + [0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    gaps=st.lists(st.sampled_from([0.0, 0.0, 0.01, 0.1, 0.5, 2.0, 7.0]), min_size=1, max_size=80),
+    burst=st.integers(min_value=1, max_value=30),
+    rpm=st.integers(min_value=1, max_value=1200),
+)
+def test_remaining_agrees_with_what_the_limiter_admits(
+    gaps: list[float], burst: int, rpm: int
+) -> None:
+    """Never above the limit; while one more request would pass, the limit less the requests
+    not yet refilled (the debt, from a model of the TAT); 0 exactly when the next request at
+    the same instant is refused."""
+    clock = FakeClock()
+    lim = limiter(clock, burst=burst)
+    interval = 60 / rpm
+    tat = clock.now
+    left: int | None = None
+    for gap in gaps:
+        clock.advance(gap)
+        result = admit(lim, rpm=rpm)
+        if gap == 0 and left is not None:
+            assert result.allowed == (left > 0)
+        if result.allowed:
+            tat = max(tat, clock.now) + interval
+        left = remaining(result)
+        assert 0 <= left <= rpm
+        if not result.allowed:
+            assert left == 0
+        elif left and burst <= rpm:
+            debt = (tat - clock.now) / interval
+            assert rpm - debt - 1 < left <= rpm - debt + 1e-3
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ forever.  Both are constructor arguments of the limiters (`request_burst`, `toke
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import msgspec
@@ -71,9 +72,9 @@ class Rate(msgspec.Struct, frozen=True):
         wait = ahead_s + cost * self.interval_s - self.capacity_s
         return wait if wait > TOLERANCE_S else 0.0
 
-    def remaining(self, ahead_s: float) -> int:
-        """Units that would be admitted right now."""
-        return max(0, int((self.capacity_s - ahead_s) / self.interval_s + 1e-9))
+    def admissible(self, ahead_s: float) -> int:
+        """Units that would be admitted right now: the largest cost `wait` lets through."""
+        return max(0, math.floor((self.capacity_s - ahead_s + TOLERANCE_S) / self.interval_s))
 
 
 class Plan(msgspec.Struct, frozen=True):

@@ -1,0 +1,127 @@
+"""Output constraints -> llama.cpp grammar samplers, compiled off the scheduler thread.
+
+A JSON schema becomes GBNF through llama-cpp-python's converter (`json_schema_to_gbnf`), and
+the GBNF a grammar sampler (`llama_sampler_init_grammar`: llama.cpp parses it).  Both steps run
+in one worker thread of their own, under a time budget, and the parsed sampler is cached by the
+constraint's hash: each request clones it (a copy of the parsed rules) and adds the clone to its
+sampler chain.  A pathological schema therefore costs at most one worker for its budget, once;
+it never stalls the decode loop, and a repeat is refused from the cache at once.
+
+With a trigger (tool_choice "auto") the grammar is lazy: free text until the trigger appears,
+then the trigger and the JSON that must follow it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import re
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import llama_cpp as ll
+from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+from ..errors import InvalidGenerationRequest
+from ..structured import schema_key
+from ..types import OutputConstraint
+from ._native import Model
+
+__all__ = ["GrammarCache", "gbnf_for"]
+
+_ROOT = re.compile(r"^root ::= ", re.M)
+
+
+def gbnf_for(constraint: OutputConstraint) -> str:
+    """The GBNF text of a constraint (the converter raises on what it cannot express)."""
+    gbnf: str = json_schema_to_gbnf(constraint.schema)
+    if constraint.trigger is None:
+        return gbnf
+    body = _ROOT.sub("airgate-json ::= ", gbnf, count=1)
+    trigger = constraint.trigger.replace("\\", "\\\\").replace('"', '\\"')
+    return f'root ::= "{trigger}" airgate-json\n{body}'
+
+
+class _Compiled:
+    __slots__ = ("ptr", "seconds")
+
+    def __init__(self, ptr: Any, seconds: float) -> None:
+        self.ptr = ptr
+        self.seconds = seconds
+
+
+class GrammarCache:
+    """Parsed grammar samplers by constraint, compiled in a worker thread under a budget."""
+
+    def __init__(self, model: Model, *, budget_s: float = 5.0, size: int = 256) -> None:
+        self._model = model
+        self._budget_s = budget_s
+        self._size = size
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="airgate-grammar")
+        self._entries: OrderedDict[str, asyncio.Future[_Compiled]] = OrderedDict()
+        self.compiles = 0  # grammars compiled (a cache hit compiles nothing)
+        self.last_compile_s = 0.0
+
+    async def sampler(self, constraint: OutputConstraint) -> Any:
+        """A fresh grammar sampler for one sequence (its chain takes ownership)."""
+        key = schema_key(f"{constraint.trigger}\x00{constraint.schema}")
+        entry = self._entries.get(key)
+        if entry is None:
+            loop = asyncio.get_running_loop()
+            entry = asyncio.wrap_future(self._pool.submit(self._compile, constraint), loop=loop)
+            self._entries[key] = entry
+            while len(self._entries) > self._size:
+                _, old = self._entries.popitem(last=False)
+                old.add_done_callback(_free)
+        else:
+            self._entries.move_to_end(key)
+        try:
+            compiled = await asyncio.wait_for(asyncio.shield(entry), self._budget_s)
+        except TimeoutError:
+            raise InvalidGenerationRequest(
+                f"the output schema is too complex: its grammar did not compile within "
+                f"{self._budget_s:g} s",
+                param=constraint.param,
+            ) from None
+        return ll.llama_sampler_clone(compiled.ptr)
+
+    def _compile(self, constraint: OutputConstraint) -> _Compiled:
+        started = time.perf_counter()
+        try:
+            gbnf = gbnf_for(constraint)
+        except (AssertionError, ValueError, KeyError, TypeError, RecursionError):
+            # the converter's own checks (an unsupported regex, a ref it cannot resolve)
+            raise InvalidGenerationRequest(
+                "the output schema cannot be turned into a grammar (an unsupported pattern or "
+                "reference)",
+                param=constraint.param,
+            ) from None
+        vocab = self._model.vocab
+        if constraint.trigger is None:
+            ptr = ll.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+        else:
+            words = (ctypes.c_char_p * 1)(constraint.trigger.encode())
+            ptr = ll.llama_sampler_init_grammar_lazy(
+                vocab, gbnf.encode(), b"root", words, 1, None, 0
+            )
+        if not ptr:
+            raise InvalidGenerationRequest(
+                "the output schema produced a grammar llama.cpp rejects", param=constraint.param
+            )
+        seconds = time.perf_counter() - started
+        self.compiles += 1
+        self.last_compile_s = seconds
+        return _Compiled(ptr, seconds)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for entry in self._entries.values():
+            _free(entry)
+        self._entries.clear()
+
+
+def _free(entry: asyncio.Future[_Compiled]) -> None:
+    if entry.done() and not entry.cancelled() and entry.exception() is None:
+        ll.llama_sampler_free(entry.result().ptr)
