@@ -22,13 +22,28 @@ import json
 import re
 import secrets
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from .types import ChatMessage, GenerationDelta, ToolCallPiece, ToolDefinition
 
-__all__ = ["TRIGGER", "ToolCallParser", "calls_schema", "prompt_messages"]
+__all__ = [
+    "MAX_PARALLEL_CALLS",
+    "TRIGGER",
+    "CallMode",
+    "ToolCallParser",
+    "calls_or_response_schema",
+    "calls_schema",
+    "prompt_messages",
+]
 
 TRIGGER = "<tool_call>"
+# Calls in one answer at most: small models decoding greedily repeat a call until the context
+# is full (`[{call}, {call}, ...]`), and no app wants more than a handful at once.
+MAX_PARALLEL_CALLS = 8
+# Where calls are in the output: after the trigger, if any (tool_choice "auto"); the whole
+# output (tool_choice "required" or a named function); or, when a response format is asked
+# too, the whole output is either the call array or the response's JSON object.
+CallMode = Literal["after_trigger", "whole", "array_or_object"]
 
 _PROMPT_HEAD = (
     "You can call functions. They are listed below, one JSON object per line, each with its "
@@ -71,10 +86,17 @@ def calls_schema(
         "items": items[0] if len(items) == 1 else {"anyOf": items},
         "minItems": 1,
     }
-    if not parallel:
-        schema["maxItems"] = 1
+    schema["maxItems"] = MAX_PARALLEL_CALLS if parallel else 1
     schema["$defs"] = defs
     return schema
+
+
+def calls_or_response_schema(calls: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """Either the call array (`calls_schema`) or the response's object: one JSON value, told
+    apart by its first character."""
+    defs = dict(calls.pop("$defs", {}))
+    defs["response"] = _rebase(response, "#/$defs/response")
+    return {"anyOf": [calls, {"$ref": "#/$defs/response"}], "$defs": defs}
 
 
 def _rebase(node: Any, base: str) -> Any:
@@ -148,14 +170,17 @@ class ToolCallParser:
 
     Text before the trigger passes through (held back only while it could be the trigger's
     beginning); after it, each call becomes a first piece (id, name) and then pieces of its
-    arguments, exactly as they were generated.  With `trigger=None` the calls start at once.
-    The final delta's `finish_reason` becomes "tool_calls" when a call was made.
+    arguments, exactly as they were generated.  In mode "whole" the calls start at once; in
+    "array_or_object" the first character decides (`[`: calls, anything else: text).  The
+    final delta's `finish_reason` becomes "tool_calls" when a call was made.
     """
 
-    def __init__(self, trigger: str | None) -> None:
-        self._trigger = trigger
-        self._in_calls = trigger is None
+    def __init__(self, mode: CallMode) -> None:
+        self._trigger = TRIGGER if mode == "after_trigger" else None
+        self._undecided = mode == "array_or_object"
+        self._in_calls = mode == "whole"
         self._held = ""  # text not yet passed on
+        self._passing = False  # array_or_object mode, and the output is the response
         self._state = "open"  # open -> head -> args -> next -> done (or text: gave up)
         self._index = -1
         self._depth = 0
@@ -183,6 +208,19 @@ class ToolCallParser:
 
     def _scan(self, text: str, *, final: bool) -> tuple[str, list[ToolCallPiece]]:
         self._held += text
+        if self._undecided:
+            start = self._held.lstrip()
+            if not start and not final:
+                return "", []
+            self._undecided = False
+            self._in_calls = start.startswith("[")
+            if not self._in_calls:  # the response itself: text from here on
+                out, self._held = self._held, ""
+                self._passing = True
+                return out, []
+        if self._passing:
+            out, self._held = self._held, ""
+            return out, []
         if not self._in_calls:
             return self._before_trigger(final)
         return "", self._calls(final)

@@ -29,19 +29,60 @@ from ..structured import schema_key
 from ..types import OutputConstraint
 from ._native import Model
 
-__all__ = ["GrammarCache", "gbnf_for"]
+__all__ = ["MAX_GROUP_DEPTH", "GrammarCache", "gbnf_for", "group_depth"]
 
 _ROOT = re.compile(r"^root ::= ", re.M)
+# llama.cpp parses GBNF recursively: a repetition bound the converter writes as nested groups
+# (`maxLength: 20000`, `pattern: "^a{0,20000}$"`) overflows its stack and kills the process.
+# Grammars nested deeper than this are refused before llama.cpp sees them.
+MAX_GROUP_DEPTH = 1024
+
+
+# The converter lets a JSON string hold raw control characters, which JSON forbids (a strict
+# parser refuses the output): they must be escaped, as in llama.cpp's own converter.
+_LOOSE_CHAR = 'char ::= [^"\\\\] |'
+_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
 
 def gbnf_for(constraint: OutputConstraint) -> str:
     """The GBNF text of a constraint (the converter raises on what it cannot express)."""
-    gbnf: str = json_schema_to_gbnf(constraint.schema)
+    gbnf: str = json_schema_to_gbnf(constraint.schema).replace(_LOOSE_CHAR, _JSON_CHAR)
+    if group_depth(gbnf) > MAX_GROUP_DEPTH:
+        raise InvalidGenerationRequest(
+            "the output schema is too complex: a length or repetition bound is too large to "
+            "compile (keep minLength/maxLength/minItems/maxItems and pattern bounds small)",
+            param=constraint.param,
+        )
     if constraint.trigger is None:
         return gbnf
     body = _ROOT.sub("airgate-json ::= ", gbnf, count=1)
     trigger = constraint.trigger.replace("\\", "\\\\").replace('"', '\\"')
     return f'root ::= "{trigger}" airgate-json\n{body}'
+
+
+def group_depth(gbnf: str) -> int:
+    """How deeply the grammar's parentheses nest (outside literals and character classes)."""
+    depth = deepest = 0
+    quote: str | None = None
+    escaped = False
+    for ch in gbnf:
+        if quote is not None:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch == '"':
+            quote = '"'
+        elif ch == "[":
+            quote = "]"
+        elif ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth -= 1
+    return deepest
 
 
 class _Compiled:
@@ -91,6 +132,8 @@ class GrammarCache:
         started = time.perf_counter()
         try:
             gbnf = gbnf_for(constraint)
+        except InvalidGenerationRequest:
+            raise
         except (AssertionError, ValueError, KeyError, TypeError, RecursionError):
             # the converter's own checks (an unsupported regex, a ref it cannot resolve)
             raise InvalidGenerationRequest(
@@ -102,9 +145,11 @@ class GrammarCache:
         if constraint.trigger is None:
             ptr = ll.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
         else:
-            words = (ctypes.c_char_p * 1)(constraint.trigger.encode())
-            ptr = ll.llama_sampler_init_grammar_lazy(
-                vocab, gbnf.encode(), b"root", words, 1, None, 0
+            # the grammar starts where the trigger does, anywhere in the text
+            pattern = "^[\\s\\S]*?(" + re.escape(constraint.trigger) + ")[\\s\\S]*"
+            patterns = (ctypes.c_char_p * 1)(pattern.encode())
+            ptr = ll.llama_sampler_init_grammar_lazy_patterns(
+                vocab, gbnf.encode(), b"root", patterns, 1, None, 0
             )
         if not ptr:
             raise InvalidGenerationRequest(

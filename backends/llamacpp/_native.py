@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import secrets
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import llama_cpp as ll
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import EngineFailure
-from ..types import SamplingParams
 
-__all__ = ["Batch", "Context", "Model", "Sampler", "free_sampler", "init_backend"]
+__all__ = ["Batch", "Context", "Model", "init_backend"]
 
 _log = logging.getLogger("airgate.llamacpp")
 _GGML_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
@@ -63,6 +60,7 @@ class Model:
         self.vocab = ll.llama_model_get_vocab(ptr)
         self.n_vocab: int = ll.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train: int = ll.llama_model_n_ctx_train(ptr)
+        self.eos: int = ll.llama_vocab_eos(self.vocab)
         self._piece_buf = threading.local()
 
     def close(self) -> None:
@@ -192,64 +190,3 @@ class Batch:
 
     def set_last_logits(self) -> None:
         self._logits[self.n - 1] = 1
-
-
-class Sampler:
-    """A per-request sampler chain in llama.cpp's usual order."""
-
-    def __init__(
-        self, params: SamplingParams, n_vocab: int, max_tokens: int, grammar: Any = None
-    ) -> None:
-        chain_params = ll.llama_sampler_chain_default_params()
-        chain_params.no_perf = True
-        self.ptr = ll.llama_sampler_chain_init(chain_params)
-        add = lambda s: ll.llama_sampler_chain_add(self.ptr, s)  # noqa: E731
-        if params.logit_bias:
-            arr = (ll.llama_logit_bias * len(params.logit_bias))()
-            for j, (tok, bias) in enumerate(params.logit_bias):
-                arr[j].token = tok  # type: ignore[assignment]
-                arr[j].bias = bias
-            add(ll.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), arr))
-        if (
-            params.repetition_penalty != 1.0
-            or params.presence_penalty != 0.0
-            or params.frequency_penalty != 0.0
-        ):
-            # Penalties see the generated tokens (OpenAI's "so far" semantics): the window covers
-            # the whole completion.
-            add(
-                ll.llama_sampler_init_penalties(
-                    n_vocab,
-                    max(1, max_tokens),
-                    params.repetition_penalty,
-                    params.frequency_penalty,
-                    params.presence_penalty,
-                )
-            )
-        if grammar is not None:  # the chain owns it from here: freed with the chain
-            add(grammar)
-        if params.greedy:
-            add(ll.llama_sampler_init_greedy())
-            return
-        if params.top_k > 0:
-            add(ll.llama_sampler_init_top_k(params.top_k))
-        if params.top_p < 1.0:
-            add(ll.llama_sampler_init_top_p(params.top_p, 1))
-        if params.min_p > 0.0:
-            add(ll.llama_sampler_init_min_p(params.min_p, 1))
-        add(ll.llama_sampler_init_temp(params.temperature))
-        seed = params.seed if params.seed is not None else secrets.randbits(32)
-        add(ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-
-    def sample(self, ctx: Context, batch_index: int) -> int:
-        return int(ll.llama_sampler_sample(self.ptr, ctx.ptr, batch_index))
-
-    def close(self) -> None:
-        if self.ptr:
-            ll.llama_sampler_free(self.ptr)
-            self.ptr = None
-
-
-def free_sampler(ptr: Any) -> None:
-    """Free a sampler no chain took (a grammar of a request dropped before it ran)."""
-    ll.llama_sampler_free(ptr)

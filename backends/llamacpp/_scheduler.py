@@ -24,7 +24,8 @@ import numpy as np
 from .._text import StopMatcher, Utf8Stream
 from ..errors import EngineFailure, EngineNotReady, EngineOverloaded
 from ..types import FinishReason, GenerationDelta, SamplingParams, TokenLogprob, Usage
-from ._native import Batch, Context, Sampler, free_sampler
+from ._native import Batch, Context
+from ._sampler import Sampler, free_sampler
 
 __all__ = ["Scheduler", "Sequence"]
 

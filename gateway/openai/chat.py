@@ -56,6 +56,7 @@ def _facts(
         constraint=shape.constraint,
         output=shape.kind,
         tools_offered=shape.tools_offered,
+        tool_calls=shape.tool_calls,
         max_tokens=body.max_completion_tokens or body.max_tokens,
         stop=stop_strings(body.stop),
         sampling=sampling_params(body),

@@ -15,7 +15,7 @@ import msgspec
 
 from backends.errors import InvalidGenerationRequest
 from backends.structured import ANY_JSON_OBJECT, check_schema
-from backends.tool_calls import TRIGGER, calls_schema
+from backends.tool_calls import TRIGGER, CallMode, calls_or_response_schema, calls_schema
 from backends.types import ChatMessage, MessageToolCall, OutputConstraint, ToolDefinition
 
 from ..errors import InvalidRequest, UnsupportedParameter
@@ -32,6 +32,7 @@ class Outputs(msgspec.Struct, frozen=True):
     constraint: OutputConstraint | None
     kind: OutputKind
     tools_offered: int  # for the audit: tools sent, whatever tool_choice made of them
+    tool_calls: CallMode | None  # where calls are read from the output (None: no calls)
 
 
 def outputs(body: t.ChatCompletionRequest) -> Outputs:
@@ -62,13 +63,7 @@ def outputs(body: t.ChatCompletionRequest) -> Outputs:
             param="parallel_tool_calls",
         )
     if not tools or choice == "none":
-        return Outputs((), constraint, kind, len(tools))
-    if constraint is not None:
-        raise UnsupportedParameter(
-            "response_format json_object/json_schema cannot be combined with tool calling: "
-            "send tool_choice 'none', or a tool whose parameters are the schema.",
-            param="response_format",
-        )
+        return Outputs((), constraint, kind, len(tools), None)
     only = None
     if isinstance(choice, t.NamedToolChoice):
         only = choice.function.name
@@ -79,9 +74,20 @@ def outputs(body: t.ChatCompletionRequest) -> Outputs:
             )
     parallel = body.parallel_tool_calls is not False
     schema = calls_schema(tools, only=only, parallel=parallel)
-    trigger = TRIGGER if choice in (None, "auto") else None
+    mode: CallMode = "whole" if choice not in (None, "auto") else "after_trigger"
+    if constraint is not None and mode == "after_trigger":
+        # the model answers with the response's JSON object or calls tools: one JSON value
+        response = json.loads(constraint.schema)
+        if response.get("type") != "object":
+            raise UnsupportedParameter(
+                "with tools, a response_format schema must describe a JSON object.",
+                param="response_format",
+            )
+        schema, mode = calls_or_response_schema(schema, response), "array_or_object"
     text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
-    return Outputs(tools, OutputConstraint(text, trigger=trigger, param="tools"), kind, len(tools))
+    trigger = TRIGGER if mode == "after_trigger" else None
+    constraint = OutputConstraint(text, trigger=trigger, param="tools")
+    return Outputs(tools, constraint, kind, len(tools), mode)
 
 
 def _tools(wire: list[t.FunctionTool]) -> tuple[ToolDefinition, ...]:

@@ -17,6 +17,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
+from backends.tool_calls import CallMode
 from backends.types import ChatMessage, OutputConstraint, SamplingParams, ToolDefinition
 
 from ..access.auth import Principal
@@ -56,6 +57,7 @@ class Generation(msgspec.Struct, frozen=True, kw_only=True):
     # shape of tool calls).  `output` and `tools_offered` are what the audit log counts.
     tools: tuple[ToolDefinition, ...] = ()
     constraint: OutputConstraint | None = None
+    tool_calls: CallMode | None = None  # where calls are read from the text (None: nowhere)
     output: OutputKind = "text"
     tools_offered: int = 0
 

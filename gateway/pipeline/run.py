@@ -187,8 +187,8 @@ class Inference:
         self._attempts = Attempts(pipeline, request, model, progress, admitted, span, requests)
         g = request.generation
         self._parsers: list[ToolCallParser] | None = None
-        if g.tools and g.constraint is not None:
-            self._parsers = [ToolCallParser(g.constraint.trigger) for _ in requests]
+        if g.tool_calls is not None:
+            self._parsers = [ToolCallParser(g.tool_calls) for _ in requests]
             progress.tool_calls = 0
 
     def _deltas(self) -> AsyncIterator[tuple[int, GenerationDelta]]:

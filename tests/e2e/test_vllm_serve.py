@@ -15,11 +15,13 @@ import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import openai
 import pytest
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel, Field
 from server_process import Server, ok, seed_data_dir, start_server, stop_and_check
 
 pytestmark = pytest.mark.e2e
@@ -219,3 +221,52 @@ def test_abandoned_stream_is_aborted(server: Server, client: openai.OpenAI) -> N
         lambda: any(r.get("error") == "client_disconnected" for r in server.request_records()),
         "the request log records the disconnect",
     )
+
+
+# ---- what apps send: no max_tokens, structured outputs, tools (through their libraries) ----
+
+
+class Ticket(BaseModel):
+    title: str = Field(max_length=16)
+    priority: Literal["low", "high"]
+    open: bool
+
+
+class Escalate(BaseModel):
+    """Escalate a ticket."""
+
+    team: Literal["ops", "dev"]
+    urgent: bool
+
+
+def test_libraries_with_their_defaults_get_valid_structured_answers(
+    server: Server, client: openai.OpenAI
+) -> None:
+    """No max_tokens anywhere: a random-weight model writes whatever it writes, and the
+    constraint still makes it a valid Ticket or a valid call."""
+    plain = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}]
+    )
+    assert plain.choices[0].finish_reason in ("stop", "length")
+    for seed in range(3):
+        parsed = client.chat.completions.parse(
+            model=MODEL,
+            messages=[{"role": "user", "content": "a ticket"}],
+            response_format=Ticket,
+            seed=seed,
+        )
+        assert isinstance(parsed.choices[0].message.parsed, Ticket)
+    with client.chat.completions.stream(
+        model=MODEL,
+        messages=[{"role": "user", "content": "escalate"}],
+        tools=[openai.pydantic_function_tool(Escalate)],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    ) as stream:
+        final = stream.get_final_completion()
+    [call] = final.choices[0].message.tool_calls or []
+    assert isinstance(call.function.parsed_arguments, Escalate)  # type: ignore[union-attr]
+    chat = ChatOpenAI(model=MODEL, base_url=f"{server.base_url}/v1", api_key=server.key())  # type: ignore[arg-type]
+    assert isinstance(chat.with_structured_output(Ticket, method="json_schema").invoke("t"), Ticket)
+    bound = chat.bind_tools([Escalate], tool_choice="any", parallel_tool_calls=False)
+    Escalate.model_validate(bound.invoke("escalate").tool_calls[0]["args"])  # type: ignore[attr-defined]

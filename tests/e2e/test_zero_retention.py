@@ -124,6 +124,12 @@ EXPECTED = {
     "sdk_completions_stream": 200,
     "raw_chat_query_string": 200,
     "raw_completions_stream": 200,
+    "sdk_json_schema": 200,
+    "sdk_tools": 200,
+    "sdk_tools_stream": 200,
+    "raw_tool_history": 200,
+    "validation_schema_keyword": 400,
+    "validation_tool_choice": 400,
     "validation_temperature": 400,
     "validation_unknown_field": 400,
     "validation_logit_bias_key": 400,
@@ -281,6 +287,23 @@ def sse_texts(lines: Iterator[str], field_name: str) -> tuple[str, bool]:
     return "".join(texts), False
 
 
+class _Message:
+    """A raw chat answer's message, read like the SDK's (content and tool call arguments)."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        message = body["choices"][0]["message"]
+        self.content = message.get("content")
+        self.tool_calls = [
+            _Call(c["function"]["arguments"]) for c in message.get("tool_calls") or ()
+        ]
+
+
+class _Call:
+    def __init__(self, arguments: str) -> None:
+        self.function = self
+        self.arguments = arguments
+
+
 class Driver:
     """Sends the traffic: every request shape and way of ending, canaries in every content field.
 
@@ -309,6 +332,10 @@ class Driver:
             self.sdk_completions_stream,
             self.raw_chat_query_string,
             self.raw_completions_stream,
+            self.sdk_json_schema,
+            self.sdk_tools,
+            self.sdk_tools_stream,
+            self.raw_tool_history,
         )
         with ThreadPoolExecutor(len(successes)) as pool:
             for future in [pool.submit(send) for send in successes]:
@@ -455,6 +482,95 @@ class Driver:
         body = self.completion("raw_completions_stream", GEN, stream=True)
         self.stream("raw_completions_stream", "/v1/completions", body)
 
+    # ---- structured outputs and tools: canaries in schemas, tool definitions, calls, results
+
+    def schema(self, case: str) -> dict[str, Any]:
+        c = self.c
+        return {
+            "title": c(f"{case}: schema title"),
+            "description": c(f"{case}: schema description"),
+            "type": "object",
+            "properties": {
+                "answer": {"type": "string", "maxLength": 20, "description": c(f"{case}: prop")},
+                "kind": {"enum": [c(f"{case}: enum value"), "other"]},
+            },
+            "required": ["answer", "kind"],
+            "additionalProperties": False,
+        }
+
+    def tools(self, case: str) -> list[dict[str, Any]]:
+        c = self.c
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": c(f"{case}: function name"),
+                    "description": c(f"{case}: function description"),
+                    "parameters": self.schema(f"{case}: parameters"),
+                },
+            }
+        ]
+
+    def note_calls(self, case: str, status: int, message: Any) -> None:
+        self.note(case, status, text=message.content or "")
+        for call in message.tool_calls or ():
+            self.traffic.completions.append(call.function.arguments)
+
+    def sdk_json_schema(self) -> None:
+        body = self.chat("sdk_json_schema", 48)
+        fmt = {"name": self.c("json_schema name"), "schema": self.schema("json_schema")}
+        raw = self.sdk.chat.completions.with_raw_response.create(
+            **body, response_format={"type": "json_schema", "json_schema": fmt}
+        )
+        self.note("sdk_json_schema", raw.status_code, text=raw.parse().choices[0].message.content)
+
+    def sdk_tools(self) -> None:
+        tools = self.tools("sdk_tools")
+        raw = self.sdk.chat.completions.with_raw_response.create(
+            **self.chat("sdk_tools", 48), tools=tools, tool_choice="required"
+        )
+        self.note_calls("sdk_tools", raw.status_code, raw.parse().choices[0].message)
+
+    def sdk_tools_stream(self) -> None:
+        tools = self.tools("sdk_tools_stream")
+        choice = {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
+        chunks = self.sdk.chat.completions.create(
+            **self.chat("sdk_tools_stream", 48), tools=tools, tool_choice=choice, stream=True
+        )
+        arguments = "".join(
+            call.function.arguments or ""
+            for chunk in chunks
+            if chunk.choices
+            for call in chunk.choices[0].delta.tool_calls or ()
+            if call.function
+        )
+        self.note("sdk_tools_stream", 200, text=arguments)
+
+    def raw_tool_history(self) -> None:
+        c = self.c
+        body = self.chat("raw_tool_history", GEN)
+        call_id = c("history: tool call id")
+        body["messages"] += [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": c("history: called function"),
+                            "arguments": json.dumps({"q": c("history: call arguments")}),
+                        },
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": c("history: tool result")},
+        ]
+        body["tools"] = self.tools("raw_tool_history")
+        resp = self.post("raw_tool_history", CHAT, json=body)
+        self.note_calls("raw_tool_history", resp.status_code, _Message(resp.json()))
+
     # ---- refusals
 
     def validation_errors(self) -> None:
@@ -468,6 +584,13 @@ class Driver:
         self.post("validation_unknown_field", CHAT, json=unknown)
         bias = chat("validation_logit_bias_key", logit_bias={c("logit_bias key"): 1})
         self.post("validation_logit_bias_key", CHAT, json=bias)
+        schema = self.schema("validation_schema_keyword")
+        schema["properties"][c("schema: property name")] = {"minimum": 1, c("keyword"): 2}
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        self.post("validation_schema_keyword", CHAT, json=chat("schema_kw", response_format=fmt))
+        missing = {"type": "function", "function": {"name": c("tool_choice: missing function")}}
+        body = chat("tool_choice", tools=self.tools("validation_tool_choice"), tool_choice=missing)
+        self.post("validation_tool_choice", CHAT, json=body)
         broken = json.dumps(chat("invalid_json"))[:-20].encode()
         headers = {"Content-Type": "application/json"}
         self.post("invalid_json", CHAT, content=broken, headers=headers)

@@ -6,6 +6,15 @@ from pathlib import Path
 import pytest
 
 from backends.llamacpp import LlamaCppEngine, LlamaCppOptions
+from backends.vllm import VllmEngine, VllmOptions
+
+VLLM_OPTIONS = VllmOptions(
+    max_num_seqs=8,
+    max_waiting=4,
+    enforce_eager=True,
+    kv_cache_space_gib=0.0625,
+    dtype="float32",  # vLLM's "auto" runs float32 checkpoints in bfloat16 on CPUs
+)
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +25,16 @@ async def engine(gguf_path: Path) -> AsyncIterator[LlamaCppEngine]:
         str(gguf_path),
         LlamaCppOptions(slots=4, context_length=1024, batch_size=128, max_waiting=4, n_threads=2),
     )
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+@pytest.fixture(scope="session")
+async def vllm_engine(tiny_llama: Path) -> AsyncIterator[VllmEngine]:
+    """One started vLLM engine for the session (its start is the slow part): 8 sequences,
+    4 waiting, eager mode (no compile), on the tiny random-weight Llama."""
+    eng = VllmEngine(str(tiny_llama), VLLM_OPTIONS)
     await eng.start()
     yield eng
     await eng.stop()

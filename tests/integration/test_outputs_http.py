@@ -259,6 +259,27 @@ def test_a_conversation_with_calls_and_results_is_accepted(gw: Gateway) -> None:
     assert reply.choices[0].finish_reason == "stop"
 
 
+def test_tools_beside_a_response_format_answer_with_either(gw: Gateway) -> None:
+    """As pydantic-ai's native output sends them: the model calls a tool (a JSON array) or
+    answers with the response's object."""
+    for answer, calls in (
+        (ADA, 0),
+        (call_text(("GetWeather", {"city": "Oslo"}), trigger=False), 1),
+    ):
+        reply = gw.sdk().chat.completions.parse(
+            model="echo",
+            messages=[{"role": "user", "content": answer}],
+            tools=[WEATHER_TOOL],
+            response_format=Person,
+        )
+        message = reply.choices[0].message
+        assert len(message.tool_calls or []) == calls
+        if calls:
+            assert reply.choices[0].finish_reason == "tool_calls" and message.content is None
+        else:
+            assert message.parsed == Person(name="Ada", age=36, role="admin")
+
+
 # ---- LangChain, unchanged ------------------------------------------------------------------
 
 
@@ -359,7 +380,7 @@ MEGABYTE = {
         ),
         ({"tool_choice": "required"}, "tool_choice"),
         (
-            {"tools": [tool({})], "response_format": {"type": "json_object"}},
+            {"tools": [tool({})], "response_format": schema_format({"type": "array"})},
             "response_format",
         ),
     ],

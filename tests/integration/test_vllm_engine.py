@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +26,10 @@ from backends.types import (
     GenerationRequest,
     SamplingParams,
 )
-from backends.vllm import VllmEngine, VllmOptions
+from backends.vllm import VllmEngine
 
 pytestmark = pytest.mark.engine
 
-OPTIONS = VllmOptions(
-    max_num_seqs=8,
-    max_waiting=4,
-    enforce_eager=True,
-    kv_cache_space_gib=0.0625,
-    dtype="float32",  # vLLM's "auto" runs float32 checkpoints in bfloat16 on CPUs
-)
 PROMPTS = (
     "The old river city builds a quiet bridge",
     "Item 42: 17% of teachers",
@@ -100,12 +93,9 @@ def reference(tiny_llama: Path) -> Reference:
 
 
 @pytest.fixture(scope="module")
-async def engine(tiny_llama: Path) -> AsyncIterator[VllmEngine]:
-    """One started engine for the module: 8 sequences, 4 waiting, eager mode (no compile)."""
-    eng = VllmEngine(str(tiny_llama), OPTIONS)
-    await eng.start()
-    yield eng
-    await eng.stop()
+def engine(vllm_engine: VllmEngine) -> VllmEngine:
+    """The session's engine (tests/integration/conftest.py)."""
+    return vllm_engine
 
 
 def greedy(ban: Sequence[int] = ()) -> SamplingParams:
@@ -439,11 +429,13 @@ def gone(p: psutil.Process) -> bool:
 
 
 async def test_serves_after_its_directory_is_deleted_and_stops_without_residue(
-    tiny_llama: Path, tmp_path: Path, reference: Reference
+    tiny_llama: Path, tmp_path: Path, reference: Reference, engine: VllmEngine
 ) -> None:
+    """A second engine beside the session's, on the same options."""
+    options = engine.options
     before = engine_processes()
     source = CopiedSource(tiny_llama, tmp_path / "plaintext")
-    eng = VllmEngine(source, OPTIONS)
+    eng = VllmEngine(source, options)
     await eng.start()
     try:
         assert source.released
@@ -463,7 +455,7 @@ async def test_serves_after_its_directory_is_deleted_and_stops_without_residue(
     finally:
         await eng.stop()
     assert all(gone(p) for p in children)
-    assert eng.load() == EngineLoad(0, 0, OPTIONS.max_num_seqs, OPTIONS.max_waiting, 0.0)
+    assert eng.load() == EngineLoad(0, 0, options.max_num_seqs, options.max_waiting, 0.0)
     with pytest.raises(EngineNotReady):
         async for _ in pending:
             pass

@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.tool_calls import TRIGGER, ToolCallParser, calls_schema, prompt_messages
+from backends.tool_calls import (
+    MAX_PARALLEL_CALLS,
+    TRIGGER,
+    ToolCallParser,
+    calls_schema,
+    prompt_messages,
+)
 from backends.types import ChatMessage, GenerationDelta, MessageToolCall, ToolDefinition
 
 CALLS = [
@@ -20,7 +26,7 @@ CALLS = [
 
 
 def run(parts: list[str], trigger: str | None) -> tuple[str, list[dict[str, str]], str | None]:
-    parser = ToolCallParser(trigger)
+    parser = ToolCallParser("after_trigger" if trigger else "whole")
     text, calls, reason = "", [], None
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
@@ -70,8 +76,24 @@ def test_text_without_a_call_passes_through_whole(points: list[int]) -> None:
     assert (text, calls, reason) == (output, [], "stop")
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=10_000), max_size=10))
+def test_array_or_object_tells_calls_from_the_response(points: list[int]) -> None:
+    for output, calls in ((' {"a": [1]}', 0), ("\n" + json.dumps(CALLS), 2)):
+        parser = ToolCallParser("array_or_object")
+        text, found = "", 0
+        parts = cut(output, points)
+        for i, part in enumerate(parts):
+            final = i == len(parts) - 1
+            delta = parser.feed(GenerationDelta(text=part, finish_reason="stop" if final else None))
+            text += delta.text
+            found += sum(p.id is not None for p in delta.tool_calls)
+        assert found == calls
+        assert text == ("" if calls else output)
+
+
 def test_a_call_cut_by_the_length_limit_keeps_what_it_had() -> None:
-    parser = ToolCallParser(None)
+    parser = ToolCallParser("whole")
     first = parser.feed(GenerationDelta(text='[{"name": "f", "arguments": {"a": "x'))
     last = parser.feed(GenerationDelta(text="yz", finish_reason="length"))
     assert first.tool_calls[0].name == "f"
@@ -100,7 +122,8 @@ def test_the_call_schema_keeps_each_tools_refs_resolvable() -> None:
     b = schema["$defs"]["tool1"]
     assert b["properties"]["x"]["$ref"] == "#/$defs/tool1/$defs/X"
     only = calls_schema(tools, only="b", parallel=True)
-    assert only["items"]["properties"]["name"] == {"const": "b"} and "maxItems" not in only
+    assert only["items"]["properties"]["name"] == {"const": "b"}
+    assert only["maxItems"] == MAX_PARALLEL_CALLS
 
 
 def test_the_prompt_writes_tools_calls_and_results_as_plain_turns() -> None:
@@ -122,6 +145,6 @@ def test_the_prompt_writes_tools_calls_and_results_as_plain_turns() -> None:
 
 @pytest.mark.parametrize("trigger", [TRIGGER, None])
 def test_a_delta_without_calls_is_passed_on_as_is(trigger: str | None) -> None:
-    parser = ToolCallParser(trigger)
+    parser = ToolCallParser("after_trigger" if trigger else "whole")
     delta = GenerationDelta(text="")
     assert parser.feed(delta) is delta
