@@ -42,7 +42,7 @@ aliases = ["tiny"]
 
 [models.vllm]
 dtype = "float32"
-max_model_len = 512
+max_model_len = 1024
 max_num_seqs = 8
 kv_cache_space_gib = 1
 enforce_eager = true
