@@ -44,9 +44,40 @@ _LOOSE_CHAR = 'char ::= [^"\\\\] |'
 _JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
 
+# Inside a GBNF literal llama.cpp knows only these escapes; the converter copies a pattern's
+# `\.` (every e-mail pattern has one) into a literal as is, and llama.cpp rejects the grammar.
+_KNOWN_ESCAPE = frozenset('xuUtrn\\"[]')
+
+
+def plain_escapes(gbnf: str) -> str:
+    """`\\.` and its like, inside literals only, as the plain character they stand for."""
+    out: list[str] = []
+    i, n = 0, len(gbnf)
+    closing: str | None = None  # '"' inside a literal, "]" inside a character class
+    while i < n:
+        ch = gbnf[i]
+        if closing is None:
+            if ch in '"[':
+                closing = '"' if ch == '"' else "]"
+        elif ch == "\\" and i + 1 < n:
+            nxt = gbnf[i + 1]
+            if closing == '"' and nxt not in _KNOWN_ESCAPE:
+                out.append(nxt)
+            else:
+                out.append(gbnf[i : i + 2])
+            i += 2
+            continue
+        elif ch == closing:
+            closing = None
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def gbnf_for(constraint: OutputConstraint) -> str:
     """The GBNF text of a constraint (the converter raises on what it cannot express)."""
     gbnf: str = json_schema_to_gbnf(constraint.schema).replace(_LOOSE_CHAR, _JSON_CHAR)
+    gbnf = plain_escapes(gbnf)
     if group_depth(gbnf) > MAX_GROUP_DEPTH:
         raise InvalidGenerationRequest(
             "the output schema is too complex: a length or repetition bound is too large to "

@@ -21,12 +21,12 @@ from ._native import Context
 __all__ = ["Sampler", "free_sampler"]
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-# When the grammar refuses the chain's token: greedy checks the `_LIKELY` best candidates,
-# sampling draws `_DRAWS` candidates at a time, `_DRAW_ROUNDS` times, before the grammar is run
-# over the whole vocabulary.
+# When the grammar refuses the chain's token: greedy checks the `_LIKELY` best candidates;
+# sampling draws candidates in rounds of growing size (the grammar checks each round's distinct
+# tokens in one call: 16,384 draws cost about a millisecond) before the grammar is run over the
+# whole vocabulary (about 45 ms on Gemma's 262k tokens).
 _LIKELY = 1024
-_DRAWS = 64
-_DRAW_ROUNDS = 8
+_DRAWS = (64, 256, 1024, 4096, 16384)
 
 
 class Sampler:
@@ -122,7 +122,6 @@ class Sampler:
         cur = self._cur
         assert cur is not None
         cur["logit"] = logits
-        cur["p"] = 0.0
         arr = _token_array(cur)
         ll.llama_sampler_apply(first, ctypes.byref(arr))
         if then is not None:
@@ -161,9 +160,9 @@ class Sampler:
         if not 0.99 < total < 1.01:
             return None  # no probabilities from the chain
         ids = view["id"]
-        for _ in range(_DRAW_ROUNDS):
+        for draws in _DRAWS:
             drawn = ids[
-                np.minimum(np.searchsorted(cdf, self._rng.random(_DRAWS) * total), len(ids) - 1)
+                np.minimum(np.searchsorted(cdf, self._rng.random(draws) * total), len(ids) - 1)
             ]
             unique, first = np.unique(drawn, return_index=True)
             check = np.zeros(len(unique), dtype=_TOKEN_DATA)

@@ -77,8 +77,9 @@ SCHEMAS: list[dict[str, Any]] = [
             "date": {"type": "string", "format": "date"},
             "id": {"type": "string", "format": "uuid"},
             "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+            "email": {"type": "string", "pattern": "^[a-z]{1,8}@[a-z]{1,8}\\.(com|org)$"},
         },
-        "required": ["date", "id", "code"],
+        "required": ["date", "id", "code", "email"],
     },
     {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 5},
 ]
