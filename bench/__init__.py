@@ -17,7 +17,10 @@ Layout:
   ``edge_servers``, ``edge_report``), ``vllm_peer`` (airgate against ``vllm serve``:
   ``vllm_workload``, ``vllm_servers``, ``vllm_report``), ``http_path`` (the HTTP path against a
   bare route and LiteLLM: ``http_servers``, ``http_report``, ``bare_app``), ``access`` (audit
-  throughput, ``audit_throughput``, and access-control latency), ``bundles``.
+  throughput, ``audit_throughput``, and access-control latency), ``bundles``, ``structured``
+  (constrained decoding against unconstrained on both engines, grammar compile times, and
+  against llama-server at concurrency 8: ``structured_schemas``, ``structured_engines``,
+  ``structured_servers``, ``structured_report``).
 - the soak, ``python -m bench.soak`` (not a scenario): ``soak``, ``soak_requests``,
   ``soak_probes``, ``soak_report``.
 - peers and models: ``peers_llama``, ``peers_llama_server``, ``peers_litellm``, ``llama_model``.

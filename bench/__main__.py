@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from bench import access, bundles, edge, http_path, vllm_peer
+from bench import access, bundles, edge, http_path, structured, vllm_peer
 from bench._client import BenchError
 from bench._report import REPO_ROOT, default_cache_dir, redacted_argv, write_section
 
@@ -46,6 +46,7 @@ SCENARIOS: dict[str, Scenario] = {
     access.NAME: access,
     vllm_peer.NAME: vllm_peer,
     http_path.NAME: http_path,
+    structured.NAME: structured,
 }
 
 

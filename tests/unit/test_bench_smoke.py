@@ -102,6 +102,8 @@ _CHECKED = {
              "parsed as `airgate bundle create`", " serve --port ", "policy version",
              "vllm serve: `", "vllm.entrypoints.openai.api_server",
              "parsed by vLLM's own parser", "request bodies"],
+    "structured": ["20 application schemas", "-m bench.structured_engines", " serve --port ",
+                   "an app key created", "llama-server: `", "request bodies"],
 }  # fmt: skip
 
 
