@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import openai
 import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
-from pydantic_ai import Agent, NativeOutput
+from pydantic_ai import Agent, NativeOutput, RunContext
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import UsageLimits
 from server_process import MODEL, Server
 
@@ -117,27 +118,41 @@ def test_langchain_with_structured_output(server: Server, method: str) -> None:
     assert isinstance(model.invoke(ASK[0]["content"]), Person)
 
 
+def lookup_agent(model: OpenAIChatModel, output: Any) -> tuple[Agent[None, Any], list[int]]:
+    """An agent with a lookup tool it may call once (pydantic-ai's `prepare` hides it after:
+    a 270M model would otherwise call it again and again), and the ids it was called with."""
+    looked_up: list[int] = []
+
+    async def once(ctx: RunContext[None], tool: ToolDefinition) -> ToolDefinition | None:
+        return None if looked_up else tool
+
+    agent = Agent(
+        model,
+        output_type=output,
+        system_prompt="Look users up before describing them.",
+        model_settings=ModelSettings(seed=SEED),
+    )
+
+    @agent.tool_plain(prepare=once)
+    def lookup_user(user_id: int) -> str:
+        """Look a user up by id."""
+        looked_up.append(user_id)
+        return f"user {user_id}: Ada, 36, admin"
+
+    return agent, looked_up
+
+
 def test_pydantic_ai_agent_with_a_tool_and_a_structured_result(server: Server) -> None:
     """An agent whose result is a tool call (pydantic-ai's default output) and one whose
-    result is the response format beside its tools (its native output); the seed makes the
-    small model's path reproducible, the temperature is the default."""
+    result is the response format beside its tools (its native output); arguments reach the
+    tool validated against its signature, the result against the output type."""
     model = OpenAIChatModel(
         MODEL, provider=OpenAIProvider(base_url=f"{server.base_url}/v1", api_key=server.key())
     )
     for output in (Person, NativeOutput(Person)):
-        agent = Agent(
-            model,
-            output_type=output,
-            system_prompt="Look users up before describing them.",
-            model_settings=ModelSettings(seed=7),
-        )
-
-        @agent.tool_plain
-        def lookup_user(user_id: int) -> str:
-            """Look a user up by id."""
-            return f"user {user_id}: Ada, 36, admin"
-
-        result = agent.run_sync("Describe user 7.", usage_limits=UsageLimits(request_limit=8))
+        agent, looked_up = lookup_agent(model, output)
+        result = agent.run_sync("Describe user 7.", usage_limits=UsageLimits(request_limit=4))
         assert isinstance(result.output, Person)
+        assert all(isinstance(i, int) for i in looked_up)
     plain = Agent(model, model_settings=ModelSettings(seed=SEED)).run_sync(HELLO[0]["content"])
     assert isinstance(plain.output, str) and plain.output

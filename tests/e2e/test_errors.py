@@ -105,8 +105,14 @@ def _image(s: str) -> dict[str, Any]:
 
 
 def _tools(s: str) -> list[dict[str, Any]]:
+    """A tool whose parameters ask for what constrained decoding cannot enforce, the canary
+    beside it (a description) and under it (a property name)."""
+    parameters = {"type": "object", "properties": {s: {"type": "integer", "minimum": 1}}}
     return [
-        {"type": "function", "function": {"name": "lookup", "description": s, "parameters": {}}}
+        {
+            "type": "function",
+            "function": {"name": "lookup", "description": s, "parameters": parameters},
+        }
     ]
 
 
@@ -137,12 +143,11 @@ CASES = [
     case("n_2", 400, lambda s: chat(s, n=2), param="n", code=BAD_PARAM),
     case("n_2_streaming", 400, lambda s: chat(s, n=2, stream=True), param="n", code=BAD_PARAM),
     case(
-        "tools",
+        "tool_parameters_not_enforceable",
         400,
         lambda s: chat(s, tools=_tools(s)),
-        param="tools",
-        code=BAD_PARAM,
-        message_has=("tools",),
+        param="tools[0].function.parameters",
+        message_has=("'minimum'",),
     ),
     case(
         "unknown_model",
