@@ -24,6 +24,8 @@ import secrets
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import msgspec
+
 from .types import ChatMessage, GenerationDelta, ToolCallPiece, ToolDefinition
 
 __all__ = [
@@ -195,15 +197,8 @@ class ToolCallParser:
             reason = "tool_calls"
         if text == delta.text and not pieces and reason == delta.finish_reason:
             return delta
-        return GenerationDelta(
-            text=text,
-            n_tokens=delta.n_tokens,
-            logprobs=delta.logprobs,
-            finish_reason=reason,
-            usage=delta.usage,
-            prompt_text=delta.prompt_text,
-            prompt_logprobs=delta.prompt_logprobs,
-            tool_calls=tuple(pieces),
+        return msgspec.structs.replace(
+            delta, text=text, finish_reason=reason, tool_calls=tuple(pieces)
         )
 
     def _scan(self, text: str, *, final: bool) -> tuple[str, list[ToolCallPiece]]:

@@ -92,7 +92,7 @@ async def _warm_up(client: httpx.AsyncClient, label: str, body: Mapping[str, Any
     content = data["choices"][0]["message"].get("content") or ""
     tokens = data.get("usage", {}).get("completion_tokens")
     if not _STARTS.match(content):
-        raise LoadError(f"{label} did not follow the schema: {content[:60]!r}")
+        raise LoadError(f"{label} did not follow the schema ({len(content)} characters)")
     if tokens != MAX_TOKENS:
         raise LoadError(f"{label} warm-up generated {tokens} tokens, not {MAX_TOKENS}")
     return elapsed

@@ -14,10 +14,15 @@ then the trigger and the JSON that must follow it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
+import os
 import re
+import sys
+import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -116,6 +121,28 @@ def group_depth(gbnf: str) -> int:
     return deepest
 
 
+_stderr_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """While llama.cpp parses a grammar, its stderr goes nowhere: on a parse error it prints
+    the whole grammar there (`fprintf(stderr, ...)`, not through its log callback), and a
+    grammar holds the client's schema (property names, enum values, constants).  File
+    descriptor 2 is the process's: another thread's write to it in this millisecond is lost,
+    which is the price of never printing a schema."""
+    with _stderr_lock:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            with open(os.devnull, "wb") as null:
+                os.dup2(null.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 class _Compiled:
     __slots__ = ("ptr", "seconds")
 
@@ -173,6 +200,19 @@ class GrammarCache:
                 param=constraint.param,
             ) from None
         vocab = self._model.vocab
+        with _stderr_silenced():
+            ptr = self._parse(vocab, gbnf, constraint)
+        if not ptr:
+            raise InvalidGenerationRequest(
+                "the output schema produced a grammar llama.cpp rejects", param=constraint.param
+            )
+        seconds = time.perf_counter() - started
+        self.compiles += 1
+        self.last_compile_s = seconds
+        return _Compiled(ptr, seconds)
+
+    @staticmethod
+    def _parse(vocab: Any, gbnf: str, constraint: OutputConstraint) -> Any:
         if constraint.trigger is None:
             ptr = ll.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
         else:
@@ -182,14 +222,7 @@ class GrammarCache:
             ptr = ll.llama_sampler_init_grammar_lazy_patterns(
                 vocab, gbnf.encode(), b"root", patterns, 1, None, 0
             )
-        if not ptr:
-            raise InvalidGenerationRequest(
-                "the output schema produced a grammar llama.cpp rejects", param=constraint.param
-            )
-        seconds = time.perf_counter() - started
-        self.compiles += 1
-        self.last_compile_s = seconds
-        return _Compiled(ptr, seconds)
+        return ptr
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -295,3 +295,16 @@ async def test_a_bias_that_bans_what_the_grammar_needs_ends_the_output_instead_o
     )
     text, finish = await generate(engine, sampled)
     assert json.loads(text) in ("yes", "no") and finish == "stop"
+
+
+async def test_a_grammar_llama_cpp_rejects_is_never_printed(
+    engine: LlamaCppEngine, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """On a parse error llama.cpp prints the whole grammar to stderr; a grammar holds the
+    schema (client content): nothing of it may reach the process's output."""
+    canary = "CANARY-5d1e-schema"
+    schema = {"type": "object", "properties": {f'{canary}"q': {"type": "string"}}}
+    with pytest.raises(InvalidGenerationRequest, match=r"llama\.cpp rejects"):
+        await generate(engine, constrained(schema, "x"))
+    out, err = capfd.readouterr()
+    assert canary not in out and canary not in err
