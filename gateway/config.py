@@ -93,6 +93,9 @@ class ModelSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
     ]
     name: Annotated[str, Meta(min_length=1, max_length=128, pattern=_DEPLOYMENT)] | None = None
     engine: Literal["llama.cpp", "vllm", "echo"] = "llama.cpp"
+    # generate (chat, completions) or embed (/v1/embeddings); None: the bundle's hint, else
+    # generate
+    task: Literal["generate", "embed"] | None = None
     # gpu: preferred; edge: takes the overflow (default: vllm -> gpu, others -> edge)
     engine_class: Literal["gpu", "edge"] | None = msgspec.field(default=None, name="class")
     weight: Annotated[float, Meta(gt=0, le=1000)] = 1.0  # relative speed per sequence slot

@@ -185,7 +185,8 @@ def translate_engine_errors(prompt_param: str = "messages") -> Iterator[None]:
     try:
         yield
     except engine_errors.ContextLengthExceeded as exc:
-        raise ContextLengthExceeded(exc.message(prompt_param), param=prompt_param) from exc
+        param = prompt_param if exc.index is None else f"{prompt_param}[{exc.index}]"
+        raise ContextLengthExceeded(exc.message(prompt_param), param=param) from exc
     except engine_errors.InvalidGenerationRequest as exc:
         raise InvalidRequest(str(exc), param=exc.param) from exc
     except engine_errors.EngineOverloaded as exc:

@@ -22,7 +22,15 @@ from .http.openapi import Operation, openapi_document
 from .openai import schema as openai_docs
 from .openai.chat import chat_completions
 from .openai.completions import completions
+from .openai.embeddings import embeddings
 from .openai.models import get_model, list_models
+from .openai.responses import (
+    cancel_response,
+    create_response,
+    delete_response,
+    get_response,
+    list_input_items,
+)
 
 __all__ = ["ROUTES", "Route", "document", "openapi_route", "paths", "public_paths"]
 
@@ -68,8 +76,14 @@ def openapi_route(version: str) -> Route:
 ROUTES: tuple[Route, ...] = (
     Route(chat_completions, openai_docs.CHAT),
     Route(completions, openai_docs.COMPLETIONS),
+    Route(embeddings, openai_docs.EMBEDDINGS),
     Route(list_models, openai_docs.LIST_MODELS),
     Route(get_model, openai_docs.RETRIEVE_MODEL),
+    Route(create_response, openai_docs.CREATE_RESPONSE),
+    Route(get_response, openai_docs.RETRIEVE_RESPONSE),
+    Route(delete_response),  # the document has no DELETE operations; 404 like the others
+    Route(list_input_items, openai_docs.LIST_INPUT_ITEMS),
+    Route(cancel_response, openai_docs.CANCEL_RESPONSE),
     Route(health.health, health.HEALTH, public=True),
     Route(health.ready, health.READY, public=True),
     Route(health.metrics_route, health.METRICS),

@@ -19,7 +19,9 @@ from .errors import PolicyError
 from .lint import lint
 from .loader import load_default_policy, load_policy_dir, loads_policy, policy_set
 from .types import (
+    ACTIONS,
     ROLES,
+    Action,
     AuditLevel,
     Decision,
     DecisionCode,
@@ -34,7 +36,9 @@ from .types import (
 )
 
 __all__ = [
+    "ACTIONS",
     "ROLES",
+    "Action",
     "AuditLevel",
     "Decision",
     "DecisionCode",

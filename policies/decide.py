@@ -11,8 +11,10 @@ to the next.  No matching rule: denied (`no_matching_rule`), default deny.
 
 The deciding rule's checks run in this order; the first that fails is the code:
 
+    action_not_allowed         the request's action is not in the rule's `actions`
     model_not_allowed          a `deny_models` glob matches (deny beats allow), or no
-                               `models` glob does
+                               `models` glob does (`action_models[action]` in its place
+                               where the rule has one for the request's action)
     engine_class_not_allowed   no deployment of the model has a class in `engine_classes`
     max_tokens_exceeded        the request's max_tokens is above the rule's `max_tokens`
     n_exceeded                 n is above `max_n`
@@ -21,7 +23,8 @@ The deciding rule's checks run in this order; the first that fails is the code:
                                json_object / json_schema asked, `structured_outputs = false`
     prompt_too_large           prompt_bytes is above `max_prompt_bytes`
 
-Suggested HTTP mapping for the gateway: 403 for no_matching_rule, model_not_allowed,
+Suggested HTTP mapping for the gateway: 403 for no_matching_rule, action_not_allowed,
+model_not_allowed,
 engine_class_not_allowed, tools_not_allowed and structured_outputs_not_allowed, 400 for
 max_tokens_exceeded and n_exceeded, 413 for prompt_too_large.
 
@@ -36,6 +39,7 @@ from fnmatch import fnmatchcase
 import msgspec
 
 from .types import (
+    Action,
     Decision,
     DecisionCode,
     EngineClass,
@@ -77,8 +81,15 @@ def matching_rule(policy: PolicySet, principal: Principal) -> tuple[str, Rule] |
     return None
 
 
-def _model_allowed(rule: Rule, model: str) -> bool:
-    return not _any_glob(model, rule.deny_models) and _any_glob(model, rule.models)
+def _model_allowed(rule: Rule, model: str, action: Action | None = None) -> bool:
+    """Whether `rule` lets `model` be used for `action` (None: for any action it allows)."""
+    if _any_glob(model, rule.deny_models):
+        return False
+    if action is None:
+        return any(_model_allowed(rule, model, a) for a in rule.actions)
+    if action not in rule.actions:
+        return False
+    return _any_glob(model, rule.action_models.get(action, rule.models))
 
 
 def can_use_model(policy: PolicySet, principal: Principal, model: str) -> bool:
@@ -99,7 +110,11 @@ class _Verdict(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _verdict(
-    policy: PolicySet, principal: Principal, model: str, engine_classes: frozenset[EngineClass]
+    policy: PolicySet,
+    principal: Principal,
+    model: str,
+    engine_classes: frozenset[EngineClass],
+    action: Action,
 ) -> _Verdict:
     found = matching_rule(policy, principal)
     if found is None:
@@ -112,7 +127,9 @@ def _verdict(
         )
     name, rule = found
     refusal: tuple[DecisionCode, str] | None = None
-    if not _model_allowed(rule, model):
+    if action not in rule.actions:
+        refusal = "action_not_allowed", "this API key may not use this endpoint"
+    elif not _model_allowed(rule, model, action):
         refusal = "model_not_allowed", "this API key may not use the requested model"
     elif engine_classes.isdisjoint(rule.engine_classes):
         refusal = (
@@ -190,7 +207,7 @@ def _decision(version: str, verdict: _Verdict, request: RequestFacts) -> Decisio
 
 def decide(policy: PolicySet, principal: Principal, request: RequestFacts) -> Decision:
     """Allow or deny one request, with the limits and audit level that apply to it."""
-    verdict = _verdict(policy, principal, request.model, request.engine_classes)
+    verdict = _verdict(policy, principal, request.model, request.engine_classes, request.action)
     return _decision(policy.version, verdict, request)
 
 
@@ -205,15 +222,15 @@ class Judge:
     def __init__(self, policy: PolicySet, size: int = 4096) -> None:
         self.policy = policy
         self._size = size
-        self._verdicts: dict[tuple[Principal, str, frozenset[EngineClass]], _Verdict] = {}
+        self._verdicts: dict[tuple[Principal, str, frozenset[EngineClass], Action], _Verdict] = {}
 
     def decide(self, principal: Principal, request: RequestFacts) -> Decision:
         """The same Decision `decide(self.policy, principal, request)` returns."""
-        key = (principal, request.model, request.engine_classes)
+        key = (principal, request.model, request.engine_classes, request.action)
         verdict = self._verdicts.get(key)
         if verdict is None:
             if len(self._verdicts) >= self._size:
                 self._verdicts.clear()
-            verdict = _verdict(self.policy, principal, request.model, request.engine_classes)
+            verdict = _verdict(self.policy, principal, *key[1:])
             self._verdicts[key] = verdict
         return _decision(self.policy.version, verdict, request)

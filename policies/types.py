@@ -18,6 +18,8 @@ A document is a name, an optional description and an ordered list of `[[rules]]`
     tokens_per_minute = 200000
     concurrent_streams = 16
     engine_classes = ["gpu"]        # any of "gpu", "edge" (default: both)
+    actions = ["chat.completions", "embeddings"]  # what it may ask (default: every action)
+    action_models = { embeddings = ["all-minilm-*"] }  # per action, in place of `models`
     audit_level = "metadata"        # or "minimal"
     priority = 0                    # engine scheduling priority: lower runs first (vLLM)
 
@@ -33,7 +35,9 @@ import msgspec
 from msgspec import Meta
 
 __all__ = [
+    "ACTIONS",
     "ROLES",
+    "Action",
     "AuditLevel",
     "Decision",
     "DecisionCode",
@@ -49,10 +53,14 @@ __all__ = [
 
 Role = Literal["app", "auditor", "admin"]
 EngineClass = Literal["gpu", "edge"]
+# What a request asks for, in its protocol's words (Ollama's routes map onto these).
+Action = Literal["chat.completions", "completions", "responses", "embeddings"]
+ACTIONS: tuple[Action, ...] = Action.__args__  # type: ignore[attr-defined]
 AuditLevel = Literal["metadata", "minimal"]
 DecisionCode = Literal[
     "allowed",
     "model_not_allowed",
+    "action_not_allowed",
     "engine_class_not_allowed",
     "max_tokens_exceeded",
     "n_exceeded",
@@ -89,6 +97,9 @@ class Rule(_Strict, frozen=True, kw_only=True, forbid_unknown_fields=True):
     tokens_per_minute: Positive | None = None
     concurrent_streams: Positive | None = None
     engine_classes: Annotated[tuple[EngineClass, ...], Meta(min_length=1)] = ("gpu", "edge")
+    actions: Annotated[tuple[Action, ...], Meta(min_length=1)] = ACTIONS
+    # per action, the model globs that replace `models` (deny_models still applies)
+    action_models: dict[Action, tuple[Glob, ...]] = {}
     tools: bool = True  # may requests offer the model tools to call
     structured_outputs: bool = True  # may requests ask for json_object / json_schema output
     audit_level: AuditLevel = "metadata"
@@ -144,6 +155,7 @@ class RequestFacts(msgspec.Struct, frozen=True):
     stream: bool
     tools: int = 0  # tools offered (0: none)
     response_format: str = "text"  # "text", "json_object" or "json_schema"
+    action: Action = "chat.completions"
 
 
 class Limits(msgspec.Struct, frozen=True):

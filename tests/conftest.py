@@ -13,7 +13,7 @@ from e2e.server_process import TEST_KEYS, seed_data_dir  # tests/ is on sys.path
 from gateway.access.keys import key_store
 from gateway.config import Settings, load_settings
 from gateway.engines.key_providers import KeyProviders
-from gateway.engines.sources import ensure_default_bundle
+from gateway.engines.sources import ensure_default_bundle, ensure_default_embedding_bundle
 
 GGUF_SIZE = 253_113_024
 
@@ -30,11 +30,13 @@ def gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data dir where the default model has been sealed into its bundle and the database
-    holds one API key per role (in `test-keys.json`), once per session."""
+    """A data dir where the default models (chat and embeddings) have been sealed into their
+    bundles and the database holds one API key per role (in `test-keys.json`), once per
+    session."""
     data = tmp_path_factory.mktemp("model-data")
     settings = load_settings(environ={}, overrides={"data_dir": str(data)})
     ensure_default_bundle(settings, KeyProviders(settings))
+    ensure_default_embedding_bundle(settings, KeyProviders(settings))
     keys = asyncio.run(create_keys(settings, ("app", "auditor", "admin")))
     (data / TEST_KEYS).write_text(json.dumps(keys))
     return data

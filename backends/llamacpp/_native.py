@@ -190,3 +190,73 @@ class Batch:
 
     def set_last_logits(self) -> None:
         self._logits[self.n - 1] = 1
+
+
+def copy_seq(ctx: Context, src: int, dst: int) -> None:
+    """Give sequence `dst` a copy of sequence `src`'s cache (`dst` must be empty).
+
+    With the split cache (`kv_unified=False`: one stream per sequence) llama.cpp copies only
+    whole streams: it takes `src`'s cell metadata at once and copies the stream's K/V buffers
+    at the start of the next `llama_decode`.  `dst` then has the same cells at the same places
+    as `src`, so both compute exactly what `src` alone would.  (In a unified cache the same
+    call shares the cells instead.)
+    """
+    ll.llama_memory_seq_cp(ctx.memory, src, dst, -1, -1)
+
+
+class EmbeddingContext:
+    """A llama.cpp context that embeds: up to `n_seq` whole inputs per `llama_decode`.
+
+    Every input of a decode is its own sequence and sits whole in one ubatch (`n_ubatch` =
+    `n_batch`): a non-causal encoder cannot split a sequence across ubatches, and llama.cpp
+    aborts the process when a batch exceeds the ubatch.  With mean pooling it also aborts at
+    context creation unless `n_batch % n_seq == 0`: the caller passes powers of two.  The cache
+    is unified and cleared after every decode, so each decode starts from nothing.
+    """
+
+    def __init__(self, model: Model, *, n_seq: int, n_batch: int, n_threads: int) -> None:
+        if n_batch % n_seq:
+            raise ValueError("n_batch must be a multiple of n_seq")
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_batch
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.kv_unified = True
+        params.embeddings = True
+        params.pooling_type = ll.LLAMA_POOLING_TYPE_UNSPECIFIED  # the model's own
+        params.no_perf = True
+        ptr = ll.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise EngineFailure("llama.cpp could not create a context (see the log for why)")
+        self.ptr = ptr
+        self.model = model
+        self.memory = ll.llama_get_memory(ptr)  # NULL for encoders without a cache (BERT)
+        self.n_seq = n_seq
+        self.n_batch: int = ll.llama_n_batch(ptr)
+        self.n_embd: int = ll.llama_model_n_embd(model.ptr)
+        self.pooling: int = ll.llama_pooling_type(ptr)
+
+    def close(self) -> None:
+        if self.ptr:
+            ll.llama_free(self.ptr)
+            self.ptr = None
+
+    def decode(self, batch: Batch) -> int:
+        try:
+            return int(ll.llama_decode(self.ptr, batch.raw))
+        finally:
+            if self.memory:
+                ll.llama_memory_clear(self.memory, True)
+
+    def pooled(self, seq: int) -> npt.NDArray[np.float32]:
+        """A copy of sequence `seq`'s pooled embedding from the last decode."""
+        ptr = ll.llama_get_embeddings_seq(self.ptr, seq)
+        if not ptr:
+            raise EngineFailure("llama.cpp returned no pooled embedding")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
+
+
+__all__ += ["EmbeddingContext"]

@@ -6,16 +6,27 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 
 from ..budget import completion_budget
 from ..chat_template import ChatTemplate
 from ..errors import EngineNotReady, InvalidGenerationRequest
-from ..types import EngineLoad, GenerationDelta, GenerationRequest, ModelSource
+from ..types import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    EngineLoad,
+    GenerationDelta,
+    GenerationRequest,
+    ModelSource,
+    Task,
+)
 from ._grammar import GrammarCache
+from ._job import Job
 from ._native import Context, Model, init_backend
-from ._scheduler import Scheduler, Sequence
+from ._sampler import free_sampler
+from ._scheduler import Scheduler
 
 __all__ = ["LlamaCppEngine", "LlamaCppOptions", "available_cores"]
 
@@ -31,6 +42,8 @@ def available_cores() -> int:
 
 
 class LlamaCppOptions(msgspec.Struct, frozen=True, kw_only=True):
+    # sequences decoding at once; a request with n choices holds min(n, slots) of them (more
+    # choices run in waves, see `_scheduler`), so n > 1 needs at least 2 slots
     slots: int = 4
     context_length: int = 4096  # tokens per slot (prompt + completion)
     batch_size: int = 512  # tokens per decode step; bounds how long a prefill chunk stalls others
@@ -44,28 +57,34 @@ class LlamaCppOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Handle:
-    __slots__ = ("_scheduler", "_seq")
+    """Deltas of every choice, as they come; ends after each choice's final delta."""
 
-    def __init__(self, scheduler: Scheduler, seq: Sequence) -> None:
+    __slots__ = ("_job", "_scheduler")
+
+    def __init__(self, scheduler: Scheduler, job: Job) -> None:
         self._scheduler = scheduler
-        self._seq = seq
+        self._job = job
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self._seq.prompt)
+        return len(self._job.prompt)
 
     async def __aiter__(self) -> AsyncIterator[GenerationDelta]:
+        left = self._job.n
         while True:
-            item = await self._seq.out.get()
+            item = await self._job.out.get()
             if isinstance(item, BaseException):
                 raise item
             yield item
             if item.finish_reason is not None:
-                return
+                left -= 1
+                if not left:
+                    return
 
     def cancel(self) -> None:
-        if not self._seq.finished:
-            self._scheduler.cancel(self._seq)
+        """Abort every choice; each still running ends with an `abort` delta."""
+        if not self._job.finished:
+            self._scheduler.cancel(self._job)
 
 
 class LlamaCppEngine:
@@ -77,6 +96,7 @@ class LlamaCppEngine:
     """
 
     name = "llama.cpp"
+    task: Task = "generate"
 
     def __init__(
         self, model: str | int | ModelSource, options: LlamaCppOptions | None = None
@@ -93,6 +113,20 @@ class LlamaCppEngine:
     @property
     def context_length(self) -> int:
         return self._ctx.n_ctx_seq if self._ctx else self.options.context_length
+
+    @property
+    def embedding_size(self) -> int | None:
+        return None  # a generating engine (embeddings: `LlamaCppEmbedder`)
+
+    @property
+    def truncatable(self) -> bool:
+        return False
+
+    @property
+    def decoded_tokens(self) -> int:
+        """Tokens run through llama_decode since start, prompts included: a prompt shared by
+        n choices counts once."""
+        return self._scheduler.decoded_tokens if self._scheduler is not None else 0
 
     async def start(self) -> None:
         opts = self.options
@@ -198,13 +232,20 @@ class LlamaCppEngine:
             tokens, prompt_text = self.tokenize_prompt(request)
         if not tokens:
             raise InvalidGenerationRequest("the prompt is empty", param="prompt")
+        if request.n < 1 or (request.n > 1 and self.options.slots < 2):
+            raise InvalidGenerationRequest(
+                f"n must be 1 on this deployment ({self.options.slots} slot)"
+                if request.n > 1
+                else "n must be at least 1",
+                param="n",
+            )
         n_ctx = self.context_length
+        # every choice has its own sequence of n_ctx tokens: the budget is n = 1's
         max_tokens = completion_budget(request, prompt_tokens=len(tokens), context_length=n_ctx)
-        grammar = None
-        if request.constraint is not None and self.grammars is not None:
-            grammar = await self.grammars.sampler(request.constraint)
-        seq = Sequence(
+        grammars = await self._grammars(request)
+        job = Job(
             prompt=tokens,
+            n=request.n,
             max_tokens=max_tokens,
             stop=request.stop,
             params=request.sampling,
@@ -212,14 +253,31 @@ class LlamaCppEngine:
             echo_prompt=request.echo_prompt,
             prompt_text=prompt_text,
             out=asyncio.Queue(),
-            grammar=grammar,
+            grammars=grammars,
         )
         try:
-            scheduler.submit(seq)
+            scheduler.submit(job)
         except BaseException:
-            seq.drop_grammar()
+            job.drop_grammars()
             raise
-        return _Handle(scheduler, seq)
+        return _Handle(scheduler, job)
+
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+        raise InvalidGenerationRequest("this model generates text; it does not embed")
+
+    async def _grammars(self, request: GenerationRequest) -> list[Any]:
+        """One grammar sampler per choice (compiled once, cloned per choice)."""
+        if request.constraint is None or self.grammars is None:
+            return []
+        grammars: list[Any] = []
+        try:
+            for _ in range(request.n):
+                grammars.append(await self.grammars.sampler(request.constraint))
+        except BaseException:
+            for grammar in grammars:
+                free_sampler(grammar)
+            raise
+        return grammars
 
 
 def _prompt_size(request: GenerationRequest) -> int:

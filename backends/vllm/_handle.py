@@ -1,10 +1,20 @@
-"""A submitted vLLM request: its delta outputs as `GenerationDelta`s, and its cancellation."""
+"""A submitted vLLM request: its delta outputs as `GenerationDelta`s, and its cancellation.
+
+With `n > 1` choices vLLM runs one child sequence per choice behind one output collector: a
+DELTA output holds only the choices that advanced since the last read, each `CompletionOutput`
+named by its `.index`, and is `finished` once every child is.  A choice ends on the output
+whose completion carries its `finish_reason`.  Greedy choices are one sequence whose deltas are
+copied to every index (`_params.sequences`).  One choice (the common case) keeps the direct
+path: one output, one delta.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
+
+import msgspec
 
 from ..errors import EngineError, EngineFailure
 from ..types import FinishReason, GenerationDelta, TokenLogprob, Usage
@@ -44,12 +54,17 @@ class Handle:
     __slots__ = (
         "__weakref__",
         "_cancelled",
+        "_choice_tokens",
+        "_choices",
         "_collector",
         "_completion_tokens",
+        "_copies",
         "_ctx",
         "_done",
         "_echo",
+        "_echoed",
         "_logprobs",
+        "_prompt_logprobs",
         "_prompt_text",
         "_prompt_tokens",
         "_submitted",
@@ -64,6 +79,8 @@ class Handle:
         logprobs: int | None,
         echo: bool,
         prompt_text: str | None,
+        choices: int = 1,
+        copies: bool = False,
     ) -> None:
         self._ctx = ctx
         self._collector = collector  # vLLM's RequestOutputCollector for this request
@@ -75,6 +92,11 @@ class Handle:
         self._done = False
         self._cancelled = False
         self._submitted = time.monotonic()
+        self._choices = choices
+        self._copies = copies  # one vLLM sequence copied to every choice (greedy)
+        self._choice_tokens = [0] * choices  # completion tokens per choice (vLLM's n > 1)
+        self._echoed = [False] * choices
+        self._prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def request_id(self) -> str:
@@ -102,9 +124,14 @@ class Handle:
                     raise EngineFailure(
                         f"the vLLM engine failed while generating ({type(exc).__name__})"
                     ) from exc
-                delta = self._delta(output, first)
+                if self._choices == 1:
+                    delta = self._delta(output, first)
+                    first = False
+                    yield delta
+                    continue
+                for delta in self._choice_deltas(output, first):
+                    yield delta
                 first = False
-                yield delta
         finally:
             if not self._done:  # the consumer stopped early: free the engine's slot
                 self.cancel()
@@ -144,7 +171,7 @@ class Handle:
         if first and self._echo:
             prompt_text = self._prompt_text
             if output.prompt_logprobs is not None and output.prompt_token_ids is not None:
-                prompt_logprobs = self._prompt_logprobs(
+                prompt_logprobs = self._prompt_logprobs_of(
                     output.prompt_token_ids, output.prompt_logprobs
                 )
         finish: FinishReason | None = None
@@ -166,7 +193,72 @@ class Handle:
             prompt_logprobs=prompt_logprobs,
         )
 
-    def _prompt_logprobs(
+    def _choice_deltas(self, output: Any, first: bool) -> Iterator[GenerationDelta]:
+        """One output of a request with several choices, as one delta per choice it holds."""
+        if self._copies:
+            delta = self._delta(output, first)
+            yield delta
+            usage = delta.usage
+            if usage is not None:  # the prompt is counted once, on choice 0
+                usage = Usage(0, usage.completion_tokens)
+            for index in range(1, self._choices):
+                yield msgspec.structs.replace(delta, index=index, usage=usage)
+            return
+        failed = None
+        for completion in output.outputs:
+            index = completion.index
+            token_ids: list[int] = list(completion.token_ids)
+            tokens = self._choice_tokens[index] = self._choice_tokens[index] + len(token_ids)
+            logprobs: tuple[TokenLogprob, ...] = ()
+            if self._logprobs is not None and completion.logprobs:
+                logprobs = tuple(
+                    self._token_logprob(tok, entry)
+                    for tok, entry in zip(token_ids, completion.logprobs, strict=False)
+                )
+            prompt_text = None
+            prompt_logprobs: tuple[TokenLogprob, ...] = ()
+            if self._echo and not self._echoed[index]:  # each choice starts with the prompt
+                self._echoed[index] = True
+                prompt_text = self._prompt_text
+                prompt_logprobs = self._echo_logprobs(output)
+            finish: FinishReason | None = None
+            usage = None
+            if completion.finish_reason is not None:
+                reason = str(completion.finish_reason)
+                if reason not in _FINISH:
+                    failed = reason
+                    continue
+                finish = _FINISH[reason]
+                usage = Usage(self._prompt_tokens if index == 0 else 0, tokens)
+            yield GenerationDelta(
+                text=completion.text,
+                n_tokens=len(token_ids),
+                logprobs=logprobs,
+                finish_reason=finish,
+                usage=usage,
+                prompt_text=prompt_text,
+                prompt_logprobs=prompt_logprobs,
+                index=index,
+            )
+        if failed is not None:
+            self.cancel()  # the other choices end with this one
+            self._finish()
+            raise EngineFailure(f"the vLLM engine failed this request ({failed})")
+        if output.finished:
+            self._finish(completed=not self._cancelled)
+
+    def _echo_logprobs(self, output: Any) -> tuple[TokenLogprob, ...]:
+        """The prompt's logprobs, kept from the first output (every child computes them; the
+        collector keeps the first child's when it merges outputs)."""
+        if self._prompt_logprobs is None:
+            if output.prompt_logprobs is None or output.prompt_token_ids is None:
+                return ()
+            self._prompt_logprobs = self._prompt_logprobs_of(
+                output.prompt_token_ids, output.prompt_logprobs
+            )
+        return self._prompt_logprobs
+
+    def _prompt_logprobs_of(
         self, token_ids: Iterable[int], entries: Iterable[Any]
     ) -> tuple[TokenLogprob, ...]:
         out = []

@@ -2,7 +2,8 @@
 
 vLLM reports `SchedulerStats` (running, waiting, KV-cache use) after each engine step, through
 the stat loggers given to `AsyncLLM`; they arrive a step late.  The front end knows at once how
-many requests it has handed to the engine and not yet seen finish.  `split_load` combines both.
+many requests it has handed to the engine and not yet seen finish.  `split_load` combines both;
+`admit` refuses a request that would wait beyond the engine's bound.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SchedulerSnapshot", "split_load", "stat_logger_factory"]
+from ..errors import EngineOverloaded
+
+__all__ = ["SchedulerSnapshot", "admit", "split_load", "stat_logger_factory"]
 
 
 class SchedulerSnapshot:
@@ -34,6 +37,25 @@ def split_load(in_flight: int, capacity: int, reported_waiting: int) -> tuple[in
     """
     waiting = min(in_flight, max(in_flight - capacity, reported_waiting, 0))
     return in_flight - waiting, waiting
+
+
+def admit(
+    in_flight: int, sequences: int, *, capacity: int, max_waiting: int, mean_duration_s: float
+) -> None:
+    """Raise EngineOverloaded unless `sequences` more fit beside the `in_flight` ones within
+    `capacity + max_waiting`.
+
+    A request larger than that whole bound (many choices, many inputs to embed) is admitted
+    only by an idle engine: otherwise it could never run.  Retry-After is the mean request time
+    scaled by how many requests wait ahead per running slot.
+    """
+    limit = capacity + max_waiting
+    if in_flight + min(sequences, limit) > limit:
+        waiting = max(in_flight - capacity, 0)
+        raise EngineOverloaded(
+            f"the engine is at capacity ({min(in_flight, capacity)} running, {waiting} waiting)",
+            retry_after_s=max(1.0, mean_duration_s * (waiting + 1) / capacity),
+        )
 
 
 def stat_logger_factory(snapshot: SchedulerSnapshot) -> Callable[[Any, int], Any]:

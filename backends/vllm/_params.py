@@ -2,6 +2,15 @@
 
 The engine adds `output_kind=RequestOutputKind.DELTA` and builds the object; everything that
 decides *what* vLLM samples is here, so it is testable without a model.
+
+Choices (`n > 1`) are vLLM's own: `n` child sequences of the one prompt, child i seeded with
+`seed + i` when the request has a seed (`vllm.v1.engine.parallel_sampling`, checked in 0.32),
+which is our documented rule: choices are distinct and reproducible.  The children share the
+prompt's KV through the prefix cache: measured on the CPU build with a 600-token prompt and
+n=4, children 1-3 found 512 tokens cached (whole 128-token blocks; the partial last block is
+recomputed per child).  With `enable_prefix_caching=False` every child prefills on its own.
+vLLM refuses `n > 1` with greedy sampling; greedy choices are identical by definition, so
+one sequence is generated and the handle copies each delta to every choice (`sequences`).
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from ..budget import completion_budget
 from ..structured import ANY_JSON_OBJECT
 from ..types import GenerationRequest, OutputConstraint
 
-__all__ = ["resolve_max_tokens", "sampling_kwargs", "structured_outputs"]
+__all__ = ["resolve_max_tokens", "sampling_kwargs", "sequences", "structured_outputs"]
 
 # vLLM raises temperatures in (0, 0.01) to 0.01 and logs a warning for every such request;
 # doing it here keeps the log quiet and the behaviour the same.
@@ -28,10 +37,17 @@ def resolve_max_tokens(
     return completion_budget(request, prompt_tokens=prompt_tokens, context_length=context_length)
 
 
+def sequences(request: GenerationRequest) -> int:
+    """The sequences vLLM generates for the request's `n` choices: one when greedy (copied to
+    every choice), else `n`."""
+    return 1 if request.sampling.greedy else request.n
+
+
 def sampling_kwargs(
     request: GenerationRequest, *, prompt_tokens: int, context_length: int
 ) -> dict[str, Any]:
-    """`SamplingParams(**kwargs)` for one request (one sequence, text detokenised by vLLM)."""
+    """`SamplingParams(**kwargs)` for one request (`sequences(request)` of them, each with its
+    text detokenised and its stop strings matched by vLLM)."""
     s = request.sampling
     temperature = 0.0 if s.greedy else max(s.temperature, _MIN_TEMPERATURE)
     stops = [stop for stop in request.stop if stop]
@@ -41,7 +57,7 @@ def sampling_kwargs(
         # too; prompt positions get the same N.
         prompt_logprobs = request.logprobs
     return {
-        "n": 1,
+        "n": sequences(request),
         "temperature": temperature,
         "top_p": s.top_p,
         "top_k": max(s.top_k, 0),  # 0 is "off" for both of us (vLLM also reads -1 as off)

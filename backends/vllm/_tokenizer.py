@@ -1,14 +1,19 @@
 """The model's tokenizer, held in memory: prompts are tokenised here, never by vLLM.
 
 Loaded from the model directory while it exists (a decrypted bundle's directory is removed once
-the engine has loaded).  Four encodings are needed:
+the engine has loaded).  Five encodings are needed:
 
 - a completion prompt: special-token text is parsed, BOS added as the tokenizer does (once);
 - chat-template text: special-token text parsed, nothing added (the template writes BOS);
 - message content: special-token text is plain text, so a user who types `<|end|>` gets those
   characters, never the control token (prompt-format injection);
+- an input to embed: plain text, with the special tokens the model adds (`[CLS] … [SEP]`);
 - and, for SentencePiece-style tokenizers that prefix a word marker to the start of the input,
   segments after the first must not get that prefix again.
+
+A tokenizer.json may ask for truncation and padding (sentence-transformers' all-MiniLM-L6-v2
+truncates to 128 tokens and pads to 128): both are switched off, so that a long input is
+counted (and refused) rather than silently cut.
 
 Each variant is its own Rust `tokenizers.Tokenizer`, so encoding is thread-safe (no shared flag
 is flipped per call).
@@ -48,6 +53,9 @@ class Tokenizer:
         )
         for tok in (self._plain_first, self._plain_rest):
             tok.encode_special_tokens = True
+        for tok in (self._special_first, self._special_rest, self._plain_first, self._plain_rest):
+            tok.no_truncation()
+            tok.no_padding()
         self.bos_token: str = hf.bos_token or ""
         self.eos_token: str = hf.eos_token or ""
         self.bos_id: int | None = hf.bos_token_id
@@ -86,6 +94,12 @@ class Tokenizer:
         else:
             tok = self._special_first if first else self._special_rest
         ids: list[int] = tok.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def encode_input(self, text: str) -> list[int]:
+        """An input to embed: special-token text is plain text, the model's own special tokens
+        are added."""
+        ids: list[int] = self._plain_first.encode(text, add_special_tokens=True).ids
         return ids
 
     def decode(self, ids: list[int]) -> str:

@@ -14,59 +14,35 @@ as token ids.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib
 import logging
-import os
 import time
 import weakref
-from typing import Any, Literal
-
-import msgspec
+from typing import Any
 
 from ..chat_template import ChatTemplate
-from ..errors import (
-    EngineError,
-    EngineFailure,
-    EngineNotReady,
-    EngineOverloaded,
-    InvalidGenerationRequest,
+from ..errors import EngineError, EngineFailure, EngineNotReady, InvalidGenerationRequest
+from ..types import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    EngineLoad,
+    GenerationRequest,
+    ModelSource,
+    Task,
 )
-from ..types import EngineLoad, GenerationRequest, ModelSource
 from ._handle import Handle, HandleContext
-from ._load import SchedulerSnapshot, split_load, stat_logger_factory
-from ._params import sampling_kwargs, structured_outputs
-from ._processes import EngineProcesses
+from ._load import SchedulerSnapshot, admit, split_load
+from ._options import VllmOptions
+from ._params import sampling_kwargs, sequences, structured_outputs
+from ._start import abort_request, build_llm, opened, start_llm, stop_llm
 from ._tokenizer import Tokenizer
 
 __all__ = ["VllmEngine", "VllmOptions"]
 
 _log = logging.getLogger("airgate.vllm")
 
-# Air-gap defaults, set before vLLM (and through it huggingface_hub) is imported; the engine-core
-# process inherits them.  An operator's explicit value wins.
-_OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
-
-# Imported once, off the event loop, before anything else of vLLM (see `_import_vllm`).
-_HEAVY_MODULES = (
-    "tokenizers",
-    "transformers",
-    "vllm.engine.arg_utils",
-    "vllm.exceptions",
-    "vllm.inputs",
-    "vllm.sampling_params",
-    "vllm.v1.engine.async_llm",
-    "vllm.v1.engine.exceptions",
-    "vllm.v1.metrics.loggers",
-)
-
 # vLLM's validation errors name the parameter; ours use the request field's name.
 _PARAMS = {
+    "n": "n",
     "temperature": "temperature",
     "top_p": "top_p",
     "top_k": "top_k",
@@ -83,24 +59,6 @@ _PARAMS = {
 }
 
 
-class VllmOptions(msgspec.Struct, frozen=True, kw_only=True):
-    # "auto": the checkpoint's dtype, except that vLLM runs float32 checkpoints in 16 bits
-    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
-    max_model_len: int | None = None  # None: the model's own (max_position_embeddings)
-    gpu_memory_utilization: float = 0.9  # on CPUs: the share of RAM vLLM may reserve
-    tensor_parallel_size: int = 1
-    enforce_eager: bool = False  # True: no torch.compile (much faster start, slower steps)
-    # KV-cache size in GiB; None: from gpu_memory_utilization.  Passed as the engine argument
-    # `kv_cache_memory_bytes`, which vLLM's CPU worker honours (VLLM_CPU_KVCACHE_SPACE, whole
-    # GiB only and process-wide, still overrides it when an operator sets it).
-    kv_cache_space_gib: float | None = None
-    max_num_seqs: int = 16  # sequences that run concurrently: the engine's capacity
-    max_waiting: int = 64  # beyond capacity + max_waiting, submit() raises EngineOverloaded
-    chat_template: str | None = None  # Jinja or a builtin name; None: the tokenizer's own
-    seed: int = 0
-    enable_prefix_caching: bool = True
-
-
 class VllmEngine:
     """vLLM in this process (engine core in a child process it owns).
 
@@ -110,6 +68,7 @@ class VllmEngine:
     """
 
     name = "vllm"
+    task: Task = "generate"
 
     def __init__(self, model: str | ModelSource, options: VllmOptions | None = None) -> None:
         self._source = model
@@ -129,20 +88,21 @@ class VllmEngine:
     def context_length(self) -> int:
         return self._context_length
 
+    @property
+    def embedding_size(self) -> int | None:
+        return None  # a generating engine
+
+    @property
+    def truncatable(self) -> bool:
+        return False
+
     async def start(self) -> None:
         """Load the model; returns when the engine core is ready to generate."""
         if self._llm is not None:
             return
-        for key, value in _OFFLINE_ENV.items():
-            os.environ.setdefault(key, value)
         started = time.monotonic()
         self._loop = asyncio.get_running_loop()
-        await asyncio.to_thread(_import_vllm)
-        # The engine-core handshake blocks until the model is loaded: off the event loop.
-        llm = await asyncio.to_thread(self._load)
-        # The output handler must be a task on this loop; AsyncLLM starts it lazily on the first
-        # request otherwise, and an engine-core failure before then would go unnoticed.
-        llm._run_output_handler()
+        llm = await start_llm(self._load)
         self._llm = llm
         self._context_length = int(llm.model_config.max_model_len)
         self._model_vocab = int(llm.model_config.get_vocab_size())
@@ -154,13 +114,8 @@ class VllmEngine:
         )
 
     def _load(self) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         opts = self.options
-        source = self._source
-        directory = source if isinstance(source, str) else source.open()
-        try:
+        with opened(self._source) as directory:
             tokenizer = Tokenizer.load(directory)
             template_source = opts.chat_template or tokenizer.chat_template
             template = (
@@ -170,32 +125,7 @@ class VllmEngine:
                 if template_source
                 else None
             )
-            args = AsyncEngineArgs(
-                model=directory,
-                tokenizer=directory,
-                dtype=opts.dtype,
-                seed=opts.seed,
-                tensor_parallel_size=opts.tensor_parallel_size,
-                gpu_memory_utilization=opts.gpu_memory_utilization,
-                max_num_seqs=opts.max_num_seqs,
-                enforce_eager=opts.enforce_eager,
-                enable_prefix_caching=opts.enable_prefix_caching,
-                scheduling_policy="priority",
-                trust_remote_code=False,
-                enable_log_requests=False,  # no request ids, parameters or prompts in the log
-                disable_log_stats=True,  # no periodic log lines; our stat logger still gets stats
-                kv_cache_memory_bytes=(
-                    int(opts.kv_cache_space_gib * 2**30) if opts.kv_cache_space_gib else None
-                ),
-            )
-            if opts.max_model_len:
-                args.max_model_len = opts.max_model_len
-            llm = AsyncLLM.from_engine_args(
-                args, stat_loggers=[stat_logger_factory(self._snapshot)]
-            )
-        finally:
-            if not isinstance(source, str):
-                source.release()
+            llm = build_llm(directory, opts, self._snapshot)
         self._tokenizer = tokenizer
         self._template = template
         return llm
@@ -209,17 +139,7 @@ class VllmEngine:
             handle.fail(EngineNotReady("the engine stopped"))
         for task in list(self._tasks):
             task.cancel()
-        # The output handler goes first: the engine core's exit is expected from here on, not
-        # an error for vLLM to log.
-        handler = llm.output_handler
-        if handler is not None:
-            handler.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await handler
-        processes = EngineProcesses(llm)
-        await asyncio.to_thread(llm.shutdown)
-        await asyncio.to_thread(processes.wait)
-        await asyncio.sleep(0)  # vLLM closes its sockets through call_soon_threadsafe
+        await stop_llm(llm)
 
     def load(self) -> EngineLoad:
         """The engine's load, cheap enough to call for every request.
@@ -276,16 +196,16 @@ class VllmEngine:
         llm = self._llm
         if llm is None:
             raise EngineNotReady("the engine is not started")
+        if request.n < 1:
+            raise InvalidGenerationRequest("n must be at least 1", param="n")
         opts = self.options
-        in_flight = llm.get_num_unfinished_requests()
-        if in_flight >= opts.max_num_seqs + opts.max_waiting:
-            waiting = in_flight - opts.max_num_seqs
-            raise EngineOverloaded(
-                f"the engine is at capacity ({opts.max_num_seqs} running, {waiting} waiting)",
-                retry_after_s=max(
-                    1.0, self._ctx.mean_duration_s * (waiting + 1) / opts.max_num_seqs
-                ),
-            )
+        admit(
+            llm.get_num_unfinished_requests(),
+            sequences(request),
+            capacity=opts.max_num_seqs,
+            max_waiting=opts.max_waiting,
+            mean_duration_s=self._ctx.mean_duration_s,
+        )
         # Tokenising a long prompt takes milliseconds: keep it off the event loop.
         if _prompt_size(request) > 2048:
             tokens, prompt_text = await asyncio.to_thread(self.tokenize_prompt, request)
@@ -304,6 +224,8 @@ class VllmEngine:
             logprobs=request.logprobs,
             echo=request.echo_prompt,
             prompt_text=prompt_text,
+            choices=request.n,
+            copies=request.n > 1 and kwargs["n"] == 1,
         )
         self._open.add(handle)
         return handle
@@ -356,6 +278,9 @@ class VllmEngine:
                 f"the vLLM engine could not accept the request ({type(exc).__name__})"
             ) from exc
 
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+        raise InvalidGenerationRequest("this model generates text; it does not embed")
+
     def _abort(self, request_id: str) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
@@ -373,33 +298,13 @@ class VllmEngine:
         llm = self._llm
         if llm is None:
             return
-        task = asyncio.get_running_loop().create_task(_abort(llm, request_id))
+        task = asyncio.get_running_loop().create_task(abort_request(llm, request_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def _piece(self, token_id: int) -> bytes:
         tok = self._tokenizer
         return tok.piece(token_id) if tok is not None else b""
-
-
-def _import_vllm() -> None:
-    """Import vLLM (and transformers, tokenizers) from a frame that holds nothing.
-
-    Some of their modules keep an import error, traceback and all (`vllm.multimodal.media.audio`
-    keeps the `torchcodec` one): every frame of the first import stays alive with its locals.
-    Importing here keeps those frames free of the engine, which would otherwise never be freed.
-    """
-    for module in _HEAVY_MODULES:
-        importlib.import_module(module)
-
-
-async def _abort(llm: Any, request_id: str) -> None:
-    # internal=True: the id is vLLM's own (external id + suffix), so a gateway request id shared
-    # by several choices aborts only this one.
-    try:
-        await llm.abort(request_id, internal=True)
-    except Exception:  # the engine is gone; nothing is left to abort
-        _log.debug("abort after the engine stopped", exc_info=True)
 
 
 def _prompt_size(request: GenerationRequest) -> int:

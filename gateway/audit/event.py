@@ -49,6 +49,7 @@ EventKind = Literal[
     "inference.completed",
     "inference.failed",
     "inference.cancelled",
+    "embedding.completed",
     "auth.failure",
     "policy.denied",
     "rate.limited",
@@ -120,6 +121,7 @@ class AuditEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     response_format: Literal["json_object", "json_schema"] | None = None  # absent: text
     tools_count: Count | None = None
     tool_calls_count: Count | None = None
+    inputs_count: Count | None = None  # embeddings: how many inputs (never the inputs)
     request_bytes: Count | None = None
     response_bytes: Count | None = None
     policy_version: Ident | None = None

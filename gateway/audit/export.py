@@ -77,6 +77,7 @@ CSV_COLUMNS = (
     "response_format",
     "tools_count",
     "tool_calls_count",
+    "inputs_count",
     "row_hash",
 )
 
@@ -232,6 +233,7 @@ def ocsf_event(rec: AuditRecord) -> dict[str, Any]:
             "response_format": ev.response_format,
             "tools_count": ev.tools_count,
             "tool_calls_count": ev.tool_calls_count,
+            "inputs_count": ev.inputs_count,
             "row_hash": rec.row_hash,
         },
     }

@@ -10,7 +10,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 
-from backends.types import Engine
+from backends.types import Engine, Task
 from policies import EngineClass
 
 from ..errors import ModelNotFound
@@ -90,8 +90,15 @@ class ServedModel:
             raise ValueError(f"model {model_id!r} has no deployment")
         for d in self.deployments:
             d.model_id = model_id
+        if len({d.engine.task for d in self.deployments}) > 1:
+            raise ValueError(f"model {model_id!r}: deployments that embed and that generate")
         self.aliases = tuple(aliases)
         self.created = int(time.time())
+
+    @property
+    def task(self) -> Task:
+        """What the model does: generate text or embed (every deployment does the same)."""
+        return self.deployments[0].engine.task
 
     @property
     def context_length(self) -> int:

@@ -13,20 +13,34 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from backends.echo import EchoEngine
-from backends.llamacpp import LlamaCppEngine, LlamaCppOptions
-from backends.types import Engine, ModelSource
-from backends.vllm import VllmEngine, VllmOptions
+from backends.llamacpp import (
+    LlamaCppEmbedder,
+    LlamaCppEmbedderOptions,
+    LlamaCppEngine,
+    LlamaCppOptions,
+)
+from backends.types import Engine, ModelSource, Task
+from backends.vllm import VllmEmbedder, VllmEngine, VllmOptions
 from bundles import BundlePolicyError, Manifest, TrustedKeys, check_bundle
 
 from ..config import ConfigError, ModelSettings, Settings, VllmSettings
 from .breaker import CircuitBreaker
 from .key_providers import KeyProviders
 from .registry import Deployment, ModelRegistry, ServedModel
-from .sources import DEFAULT_MODEL_ID, BundleSource, ensure_default_bundle, trusted_keys
+from .sources import (
+    DEFAULT_EMBEDDING_ALIASES,
+    DEFAULT_EMBEDDING_MODEL_ID,
+    DEFAULT_MODEL_ID,
+    BundleSource,
+    ensure_default_bundle,
+    ensure_default_embedding_bundle,
+    trusted_keys,
+)
 
 __all__ = ["build_registry", "start_engines", "stop_engines"]
 
 _log = logging.getLogger("airgate.runtime")
+_EMBEDDER = LlamaCppEmbedderOptions()  # the llama.cpp embedder's defaults
 
 
 def _llamacpp_options(
@@ -76,11 +90,50 @@ def _vllm_options(model: ModelSettings, manifest: Manifest | None = None) -> Vll
     )
 
 
+def _embedder_options(
+    settings: Settings, model: ModelSettings, manifest: Manifest | None
+) -> LlamaCppEmbedderOptions:
+    e = settings.engine
+    hint = manifest.model.engine_hints.get("context_length") if manifest is not None else None
+    context = model.context_length
+    if context is None and isinstance(hint, int) and not isinstance(hint, bool):
+        context = hint
+    most = _EMBEDDER.sequences
+    batch = model.batch_size or _EMBEDDER.batch_size
+    if context is not None and context > batch:  # an input is never split across decodes
+        batch = -(-context // most) * most
+    # inputs per decode (a model's `slots`, at most the default): a power of two that divides
+    # the batch (else llama.cpp aborts)
+    sequences = min(most, model.slots or most)
+    sequences = 1 << (sequences.bit_length() - 1)
+    while batch % sequences:
+        sequences //= 2
+    return LlamaCppEmbedderOptions(
+        context_length=context,
+        batch_size=batch,
+        sequences=sequences,
+        max_waiting=model.max_waiting if model.max_waiting is not None else e.max_waiting,
+        n_threads=model.n_threads if model.n_threads is not None else e.n_threads,
+    )
+
+
+def _task(model: ModelSettings, manifest: Manifest | None) -> Task:
+    """The config's task, else the bundle's hint, else generate."""
+    if model.task is not None:
+        return model.task
+    hint = manifest.model.engine_hints.get("task") if manifest is not None else None
+    return "embed" if hint == "embed" else "generate"
+
+
 def _new_engine(
     settings: Settings, model: ModelSettings, weights: str | ModelSource, manifest: Manifest | None
 ) -> Engine:
+    embed = _task(model, manifest) == "embed"
     if model.engine == "vllm":
-        return VllmEngine(weights, _vllm_options(model, manifest))
+        options = _vllm_options(model, manifest)
+        return VllmEmbedder(weights, options) if embed else VllmEngine(weights, options)
+    if embed:
+        return LlamaCppEmbedder(weights, _embedder_options(settings, model, manifest))
     return LlamaCppEngine(weights, _llamacpp_options(settings, model, manifest))
 
 
@@ -136,7 +189,7 @@ def _engine(
     if model.engine == "echo":
         _log.warning("model %s is served by the echo engine (for HTTP benchmarks only)", model.id)
         context = model.context_length or settings.engine.context_length
-        return EchoEngine(context_length=context), None
+        return EchoEngine(context_length=context, task=model.task or "generate"), None
     if model.bundle:
         return _bundle_engine(settings, model, Path(model.bundle), trusted, providers)
     assert model.path is not None  # config validation: exactly one of bundle / path
@@ -159,14 +212,24 @@ def build_registry(settings: Settings, *, allow_plaintext: bool = False) -> Mode
 
     Each deployment gets its circuit breaker here, from the `[routing]` settings.
 
-    Seals the embedded default on first run and checks every bundle's signature; raises
-    ConfigError or a bundles error when a model cannot be served.
+    Seals the embedded defaults on first run (Gemma for chat and completions, MiniLM for
+    embeddings) and checks every bundle's signature; raises ConfigError or a bundles error when
+    a model cannot be served.
     """
     providers = KeyProviders(settings)
     models = settings.models
     if not models:
         bundle = ensure_default_bundle(settings, providers)
         models = [ModelSettings(id=DEFAULT_MODEL_ID, bundle=str(bundle))]
+        embedder = ensure_default_embedding_bundle(settings, providers)
+        if embedder is not None:
+            models.append(
+                ModelSettings(
+                    id=DEFAULT_EMBEDDING_MODEL_ID,
+                    bundle=str(embedder),
+                    aliases=list(DEFAULT_EMBEDDING_ALIASES),
+                )
+            )
     trusted = trusted_keys(settings)
     routing = settings.routing
     deployments: dict[str, list[Deployment]] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -95,29 +96,39 @@ async def chat_completions(
     model = run.model.id
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        encoder = _ChatStream(response_id, created, model, usage, bool(body.logprobs))
+        encoder = _ChatStream(
+            response_id, created, model, run.sequences, usage, bool(body.logprobs)
+        )
         return Stream(
             run.stream(encoder),
             media_type="text/event-stream",
             headers={**SSE_HEADERS, **run.headers},
         )
 
-    def render(choices: list[list[GenerationDelta]]) -> bytes:
-        deltas = choices[0]
-        final = deltas[-1]
-        logprobs = None
-        if body.logprobs:
-            logprobs = t.ChatLogprobs([x for d in deltas for x in _logprobs(d.logprobs)])
-        text = "".join(d.text for d in deltas)
-        calls = _tool_calls([p for d in deltas for p in d.tool_calls])
-        message = t.ResponseMessage(text or None if calls else text, None, calls or None)
+    def render(per_choice: list[list[GenerationDelta]]) -> bytes:
+        choices = []
+        prompt_tokens = completion_tokens = 0
+        for index, deltas in enumerate(per_choice):
+            final = deltas[-1]
+            assert final.usage is not None
+            prompt_tokens += final.usage.prompt_tokens  # counted on one choice only
+            completion_tokens += final.usage.completion_tokens
+            logprobs = None
+            if body.logprobs:
+                logprobs = t.ChatLogprobs([x for d in deltas for x in _logprobs(d.logprobs)])
+            text = "".join(d.text for d in deltas)
+            calls = _tool_calls([p for d in deltas for p in d.tool_calls])
+            message = t.ResponseMessage(text or None if calls else text, None, calls or None)
+            choices.append(t.ChatChoice(index, message, finish_reason(final), logprobs))
         return _encode(
             t.ChatCompletion(
                 id=response_id,
                 created=created,
                 model=model,
-                choices=[t.ChatChoice(0, message, finish_reason(final), logprobs)],
-                usage=_usage(final),
+                choices=choices,
+                usage=t.UsageInfo(
+                    prompt_tokens, completion_tokens, prompt_tokens + completion_tokens
+                ),
             )
         )
 
@@ -137,27 +148,30 @@ def _tool_calls(pieces: list[ToolCallPiece]) -> list[t.ToolCall]:
     return calls
 
 
-def _usage(delta: GenerationDelta) -> t.UsageInfo:
-    assert delta.usage is not None
-    p, c = delta.usage.prompt_tokens, delta.usage.completion_tokens
-    return t.UsageInfo(p, c, p + c)
-
-
 class _ChatStream:
-    """chat.completion.chunk events: the role first, then text (and logprobs), then the
-    finish reason; usage (when asked) and [DONE] once the completion is audited."""
+    """chat.completion.chunk events: each choice's role first, then its text (and logprobs),
+    then its finish reason; usage (when asked) and [DONE] once the completion is audited."""
 
     def __init__(
-        self, response_id: str, created: int, model: str, include_usage: bool, logprobs: bool
+        self,
+        response_id: str,
+        created: int,
+        model: str,
+        choices: int,
+        include_usage: bool,
+        logprobs: bool,
     ) -> None:
         self._id, self._created, self._model = response_id, created, model
+        self._choices = choices
         self._include_usage = include_usage
         self._logprobs = logprobs
-        self._text = TextFrame(
-            lambda text: t.ChatCompletionChunk(
-                response_id, created, model, [t.ChunkChoice(0, t.Delta(content=text))]
+
+        def text_chunk(index: int) -> Callable[[str], t.ChatCompletionChunk]:
+            return lambda text: t.ChatCompletionChunk(
+                response_id, created, model, [t.ChunkChoice(index, t.Delta(content=text))]
             )
-        )
+
+        self._text = [TextFrame(text_chunk(i)) for i in range(choices)]
 
     def _chunk(self, choices: list[t.ChunkChoice], usage: t.UsageInfo | None = None) -> bytes:
         return sse(
@@ -165,23 +179,25 @@ class _ChatStream:
         )
 
     def opening(self) -> bytes:
-        return self._chunk([t.ChunkChoice(0, t.Delta(role="assistant", content=""))])
+        return b"".join(
+            self._chunk([t.ChunkChoice(i, t.Delta(role="assistant", content=""))])
+            for i in range(self._choices)
+        )
 
     def delta(self, index: int, delta: GenerationDelta) -> bytes:
         out = b""
         if delta.tool_calls:
             if delta.text:
-                out = self._text(delta.text)
-            out += self._chunk(
-                [t.ChunkChoice(0, t.Delta(tool_calls=[_call_delta(p) for p in delta.tool_calls]))]
-            )
+                out = self._text[index](delta.text)
+            calls = [_call_delta(p) for p in delta.tool_calls]
+            out += self._chunk([t.ChunkChoice(index, t.Delta(tool_calls=calls))])
         elif self._logprobs and delta.logprobs:
             logprobs = t.ChatLogprobs(_logprobs(delta.logprobs))
-            out = self._chunk([t.ChunkChoice(0, t.Delta(content=delta.text), None, logprobs)])
+            out = self._chunk([t.ChunkChoice(index, t.Delta(content=delta.text), None, logprobs)])
         elif delta.text:
-            out = self._text(delta.text)
+            out = self._text[index](delta.text)
         if delta.finish_reason is not None:
-            out += self._chunk([t.ChunkChoice(0, t.Delta(), finish_reason(delta))])
+            out += self._chunk([t.ChunkChoice(index, t.Delta(), finish_reason(delta))])
         return out
 
     def closing(self, usage: Usage) -> bytes:

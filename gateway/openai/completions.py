@@ -14,7 +14,7 @@ from litestar.response import Stream
 
 from backends.types import GenerationDelta, TokenLogprob, Usage
 
-from ..errors import GatewayError, InvalidRequest
+from ..errors import GatewayError, InvalidRequest, UnsupportedParameter
 from ..http.decode import decode
 from ..http.disconnect import disconnected
 from ..http.request_log import RequestInfo, request_info
@@ -49,6 +49,10 @@ def _prompts(prompt: t.Prompt) -> list[RawPrompt]:
 def _facts(
     request: Request[Any, Any, Any], body: t.CompletionRequest, raw: bytes, log: RequestInfo
 ) -> InferenceRequest:
+    if body.echo and (body.n or 1) > 1:
+        raise UnsupportedParameter(
+            "echo is not supported with n > 1: send n = 1 to have the prompt echoed.", param="echo"
+        )
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest(
             "stream_options is only allowed when stream is true.", param="stream_options"

@@ -1,6 +1,9 @@
-"""The chat request's tools, tool_choice and response_format -> the pipeline's protocol-neutral
-output facts (tools for the prompt, the constraint the engine enforces, what the audit counts),
-and its conversation -> engine messages (tool calls and results included).
+"""Tools, tool choice and structured-output format -> the pipeline's protocol-neutral output
+facts (tools for the prompt, the constraint the engine enforces, what the audit counts), one
+translation for both adapters: `shape()` takes the fields as either protocol spells them (chat's
+`tools[].function` and `response_format`, Responses' flat `tools[]` and `text.format`) and
+`Fields` says where each sits, for the `param` an error names.  `outputs()` and `messages()`
+are chat's: its request -> those facts, its conversation -> engine messages.
 
 Every schema is checked here (`backends.structured`), before admission: a schema that is not
 a schema, too large, recursive or asking for what cannot be enforced gets a 400 naming the
@@ -10,6 +13,9 @@ field, and nothing is generated, audited as admitted, or stored.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 
@@ -22,7 +28,16 @@ from ..errors import InvalidRequest, UnsupportedParameter
 from ..pipeline import OutputKind
 from . import types as t
 
-__all__ = ["Outputs", "messages", "outputs"]
+__all__ = [
+    "CHAT_FIELDS",
+    "RESPONSES_FIELDS",
+    "Fields",
+    "Outputs",
+    "Tool",
+    "messages",
+    "outputs",
+    "shape",
+]
 
 _NO_PARAMETERS = '{"type":"object","properties":{}}'
 
@@ -35,77 +50,137 @@ class Outputs(msgspec.Struct, frozen=True):
     tool_calls: CallMode | None  # where calls are read from the output (None: no calls)
 
 
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """Where a protocol's request keeps each output field: the `param` its errors name."""
+
+    tool_name: str  # a format string of the tool's position `i`
+    tool_parameters: str
+    choice_name: str
+    format: str  # the structured-output format
+    schema: str  # its schema
+
+
+CHAT_FIELDS = Fields(
+    tool_name="tools[{i}].function.name",
+    tool_parameters="tools[{i}].function.parameters",
+    choice_name="tool_choice.function.name",
+    format="response_format",
+    schema="response_format.json_schema.schema",
+)
+RESPONSES_FIELDS = Fields(
+    tool_name="tools[{i}].name",
+    tool_parameters="tools[{i}].parameters",
+    choice_name="tool_choice.name",
+    format="text.format",
+    schema="text.format.schema",
+)
+
+
+class Tool(NamedTuple):
+    """A function tool as either protocol sends it (chat nests it under `function`)."""
+
+    name: str
+    description: str | None
+    parameters: dict[str, Any] | None
+
+
 def outputs(body: t.ChatCompletionRequest) -> Outputs:
-    """What the request asks of the output's shape (a 400 naming the field otherwise)."""
-    tools = _tools(body.tools or [])
-    choice = body.tool_choice
+    """What a chat request asks of the output's shape (a 400 naming the field otherwise)."""
     fmt = body.response_format
     kind: OutputKind = "text"
-    constraint = None
+    schema = None
     if isinstance(fmt, t.JsonObjectFormat):
-        kind, constraint = "json_object", OutputConstraint(ANY_JSON_OBJECT)
+        kind = "json_object"
     elif isinstance(fmt, t.JsonSchemaFormat):
-        kind = "json_schema"
-        spec = fmt.json_schema.schema
-        text = (
-            ANY_JSON_OBJECT
-            if spec is None
-            else _checked(spec, "response_format.json_schema.schema")
-        )
-        constraint = OutputConstraint(text)
+        kind, schema = "json_schema", fmt.json_schema.schema
+    choice = body.tool_choice
+    only = None
+    if isinstance(choice, t.NamedToolChoice):
+        only, choice = choice.function.name, "required"
+    tools = [
+        Tool(x.function.name, x.function.description, x.function.parameters)
+        for x in body.tools or ()
+    ]
+    return shape(
+        tools,
+        choice=choice,
+        only=only,
+        kind=kind,
+        schema=schema,
+        parallel=body.parallel_tool_calls,
+        fields=CHAT_FIELDS,
+    )
+
+
+def shape(
+    wire: Sequence[Tool],
+    *,
+    choice: Literal["none", "auto", "required"] | None,
+    only: str | None,
+    kind: OutputKind,
+    schema: dict[str, Any] | None,
+    parallel: bool | None,
+    fields: Fields,
+) -> Outputs:
+    """The output facts of either protocol: its tools, its tool choice (`only`: the one
+    function a named choice forces), its format (`schema`: a json_schema format's schema,
+    None for any JSON object) and whether calls may come in parallel."""
+    tools = _tools(wire, fields)
+    constraint = None
+    if kind == "json_object":
+        constraint = OutputConstraint(ANY_JSON_OBJECT, param=fields.format)
+    elif kind == "json_schema":
+        text = ANY_JSON_OBJECT if schema is None else _checked(schema, fields.schema)
+        constraint = OutputConstraint(text, param=fields.format)
     if choice is not None and not tools:
         raise InvalidRequest(
             "tool_choice is only allowed when tools are given.", param="tool_choice"
         )
-    if body.parallel_tool_calls is not None and not tools:
+    if parallel is not None and not tools:
         raise InvalidRequest(
             "parallel_tool_calls is only allowed when tools are given.",
             param="parallel_tool_calls",
         )
     if not tools or choice == "none":
         return Outputs((), constraint, kind, len(tools), None)
-    only = None
-    if isinstance(choice, t.NamedToolChoice):
-        only = choice.function.name
-        if all(tool.name != only for tool in tools):
-            raise InvalidRequest(
-                "tool_choice names a function that is not among the tools.",
-                param="tool_choice.function.name",
-            )
-    parallel = body.parallel_tool_calls is not False
-    schema = calls_schema(tools, only=only, parallel=parallel)
-    mode: CallMode = "whole" if choice not in (None, "auto") else "after_trigger"
+    if only is not None and all(tool.name != only for tool in tools):
+        raise InvalidRequest(
+            "tool_choice names a function that is not among the tools.",
+            param=fields.choice_name,
+        )
+    calls = calls_schema(tools, only=only, parallel=parallel is not False)
+    mode: CallMode = "whole" if choice == "required" else "after_trigger"
     if constraint is not None and mode == "after_trigger":
         # the model answers with the response's JSON object or calls tools: one JSON value
         response = json.loads(constraint.schema)
         if response.get("type") != "object":
             raise UnsupportedParameter(
-                "with tools, a response_format schema must describe a JSON object.",
-                param="response_format",
+                "with tools, a structured-output schema must describe a JSON object.",
+                param=fields.format,
             )
-        schema, mode = calls_or_response_schema(schema, response), "array_or_object"
-    text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+        calls, mode = calls_or_response_schema(calls, response), "array_or_object"
+    text = json.dumps(calls, ensure_ascii=False, separators=(",", ":"))
     trigger = TRIGGER if mode == "after_trigger" else None
     constraint = OutputConstraint(text, trigger=trigger, param="tools")
     return Outputs(tools, constraint, kind, len(tools), mode)
 
 
-def _tools(wire: list[t.FunctionTool]) -> tuple[ToolDefinition, ...]:
+def _tools(wire: Sequence[Tool], fields: Fields) -> tuple[ToolDefinition, ...]:
     seen: set[str] = set()
     out = []
     for i, tool in enumerate(wire):
-        f = tool.function
-        if f.name in seen:
+        if tool.name in seen:
             raise InvalidRequest(
-                "tool function names must be unique.", param=f"tools[{i}].function.name"
+                "tool function names must be unique.", param=fields.tool_name.format(i=i)
             )
-        seen.add(f.name)
+        seen.add(tool.name)
         parameters = (
             _NO_PARAMETERS
-            if f.parameters is None
-            else _checked(f.parameters, f"tools[{i}].function.parameters")
+            if tool.parameters is None
+            else _checked(tool.parameters, fields.tool_parameters.format(i=i))
         )
-        out.append(ToolDefinition(f.name, f.description or "", parameters))
+        out.append(ToolDefinition(tool.name, tool.description or "", parameters))
     return tuple(out)
 
 

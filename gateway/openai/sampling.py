@@ -12,7 +12,7 @@ from litestar import Request
 
 from backends.types import GenerationDelta, SamplingParams
 
-from ..errors import InvalidRequest, UnsupportedParameter
+from ..errors import InvalidRequest
 from ..http.authn import caller
 from ..http.request_log import RequestInfo
 from ..pipeline import Action, Generation, InferenceRequest
@@ -30,10 +30,6 @@ _TOKEN_ID = re.compile(r"[0-9]{1,9}")  # ASCII digits only; the engine checks th
 
 def sampling_params(body: Any) -> SamplingParams:
     """Sampling from the fields chat and completions share (validated ranges already)."""
-    if (body.n or 1) != 1:
-        raise UnsupportedParameter(
-            "n > 1 is not supported: send one request per choice.", param="n"
-        )
     bias: list[tuple[int, float]] = []
     for key, value in (body.logit_bias or {}).items():
         if not _TOKEN_ID.fullmatch(key):

@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from ..http.openapi import Operation
+from . import embedding_types as et
+from . import responses_types as r
 from . import types as t
 
-__all__ = ["CHAT", "COMPLETIONS", "LIST_MODELS", "RETRIEVE_MODEL"]
+__all__ = [
+    "CANCEL_RESPONSE",
+    "CHAT",
+    "COMPLETIONS",
+    "CREATE_RESPONSE",
+    "EMBEDDINGS",
+    "LIST_INPUT_ITEMS",
+    "LIST_MODELS",
+    "RETRIEVE_MODEL",
+    "RETRIEVE_RESPONSE",
+]
 
 _GENERATE_ERRORS = ("400", "401", "403", "404", "413", "429", "503")
 
@@ -27,6 +39,14 @@ COMPLETIONS = Operation(
     described="The result, or an SSE stream when stream=true",
     streams=True,
 )
+EMBEDDINGS = Operation(
+    "post",
+    "Create embeddings",
+    _GENERATE_ERRORS,
+    request=et.EmbeddingsRequest,
+    response=et.EmbeddingList,
+    described="One vector per input",
+)
 LIST_MODELS = Operation("get", "List models", ("401",), response=t.ModelList, described="Models")
 RETRIEVE_MODEL = Operation(
     "get",
@@ -35,4 +55,35 @@ RETRIEVE_MODEL = Operation(
     response=t.Model,
     described="The model",
     path_params=("model",),
+)
+CREATE_RESPONSE = Operation(
+    "post",
+    "Create a model response (stateless: store is always false)",
+    _GENERATE_ERRORS,
+    request=r.ResponseCreateRequest,
+    response=r.ResponseObject,
+    described="The response, or an SSE stream of response events when stream=true",
+    streams=True,
+)
+# airgate keeps no responses: what would read one always answers 404
+RETRIEVE_RESPONSE = Operation(
+    "get",
+    "Retrieve a response (none is kept: always 404)",
+    ("401", "404"),
+    response=r.ResponseObject,
+    path_params=("response_id",),
+)
+LIST_INPUT_ITEMS = Operation(
+    "get",
+    "List a response's input items (none is kept: always 404)",
+    ("401", "404"),
+    response=r.ResponseObject,
+    path_params=("response_id",),
+)
+CANCEL_RESPONSE = Operation(
+    "post",
+    "Cancel a background response (none runs: always 404)",
+    ("401", "404"),
+    response=r.ResponseObject,
+    path_params=("response_id",),
 )

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta, Struct
 
 __all__ = [
+    "MAX_N",
     "ChatChoice",
     "ChatCompletion",
     "ChatCompletionChunk",
@@ -37,6 +38,7 @@ __all__ = [
     "UsageInfo",
 ]
 
+MAX_N = 8  # choices per request: each one takes a sequence slot of the engine
 MaxTokens = Annotated[int, Meta(ge=1, le=1_048_576)]
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
@@ -162,7 +164,7 @@ class ChatCompletionRequest(_Strict):
     max_completion_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    n: Annotated[int, Meta(ge=1, le=128)] | None = None  # None: 1
+    n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None  # None: 1
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: str | StopList | None = None
@@ -201,7 +203,7 @@ class CompletionRequest(_Strict):
     max_tokens: MaxTokens | None = 16  # the OpenAI default for this endpoint
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    n: Annotated[int, Meta(ge=1, le=128)] | None = None  # None: 1
+    n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None  # None: 1
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: str | StopList | None = None

@@ -5,15 +5,28 @@
     completion  `inference.completed` (or failed, cancelled) and the limiter refund, once
     attempts    route, submit, retry once before the first token, deltas and their metrics
     run         Pipeline.start() and Inference.result() / .stream(): the line, end to end
+    embedding   Pipeline.embed(): the same line for embeddings (one engine call, no stream)
 
 Adapters (gateway/openai, later gateway/ollama) import this package; it never imports them.
 """
 
-from .facts import Action, Generation, InferenceRequest, OutputKind, Progress, RawPrompt, Record
+from .embedding import Embedded
+from .facts import (
+    Action,
+    EmbeddingInputs,
+    Generation,
+    InferenceRequest,
+    OutputKind,
+    Progress,
+    RawPrompt,
+    Record,
+)
 from .run import Inference, Pipeline, StreamEncoder
 
 __all__ = [
     "Action",
+    "Embedded",
+    "EmbeddingInputs",
     "Generation",
     "Inference",
     "InferenceRequest",

@@ -70,6 +70,7 @@ async def admit(
         stream=request.stream,
         tools=generation.tools_offered,
         response_format=generation.output,
+        action=request.action,
     )
     judge = security.policy.judge
     decision = judge.decide(_policy_principal(principal), facts)
@@ -89,6 +90,8 @@ async def admit(
             base["response_format"] = generation.output
         if generation.tools_offered:
             base["tools_count"] = generation.tools_offered
+    if request.embedding is not None:
+        base["inputs_count"] = len(request.embedding.inputs)
     now = datetime.now(UTC)
     if not decision.allowed:
         error: GatewayError
@@ -104,9 +107,12 @@ async def admit(
         await _deny(security, base, now, "policy.denied", error)
         raise error
     limits = decision.limits
-    # every sequence may generate up to its max_tokens; a prompt token is rarely under 4 bytes
-    asked = decision.effective_max_tokens or generation.max_tokens or _DEFAULT_MAX_TOKENS
-    reserve = asked * request.n * generation.sequences + math.ceil(request.prompt_bytes / 4)
+    # every choice may generate up to its max_tokens (an embedding generates nothing); a prompt
+    # token is rarely under 4 bytes.  The refund settles on the tokens actually used.
+    reserve = math.ceil(request.prompt_bytes / 4)
+    if request.embedding is None:
+        asked = decision.effective_max_tokens or generation.max_tokens or _DEFAULT_MAX_TOKENS
+        reserve += asked * request.n * generation.sequences
     try:
         admission = await security.limiter.admit(
             principal.key_id,

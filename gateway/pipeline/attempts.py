@@ -27,10 +27,10 @@ from .facts import InferenceRequest, Progress
 if TYPE_CHECKING:
     from .run import Pipeline
 
-__all__ = ["Attempts"]
+__all__ = ["Attempts", "deployment_failed"]
 
 
-def _deployment_failed(exc: BaseException) -> bool:
+def deployment_failed(exc: BaseException) -> bool:
     """The deployment's fault (retry elsewhere, count against its circuit), not the client's."""
     if isinstance(exc, engine_errors.EngineError):
         return isinstance(exc, engine_errors.EngineFailure | engine_errors.EngineNotReady)
@@ -59,6 +59,8 @@ class Attempts:
         self._admitted = admitted
         self._span = span
         self._requests = requests
+        self._n = request.n  # choices per engine request
+        self._choices = len(requests) * request.n
         self._handles: list[GenerationHandle] = []
         self._lease: Lease | None = None
         self._tried: frozenset[str] = frozenset()
@@ -108,7 +110,7 @@ class Attempts:
 
     def _after_failure(self, exc: BaseException, *, full: bool = False) -> bool:
         """Report a failure of the current deployment; whether to try another one."""
-        failed = _deployment_failed(exc)
+        failed = deployment_failed(exc)
         if failed and self._lease is not None:
             self._lease.failed()
         self.drop()
@@ -145,13 +147,14 @@ class Attempts:
                         if not yielded:
                             yielded = True
                             self._first()
-                        yield 0, delta
+                        yield delta.index, delta
                 else:
-                    async for item in _merge(self._handles):
+                    n = self._n
+                    async for handle, delta in _merge(self._handles):
                         if not yielded:
                             yielded = True
                             self._first()
-                        yield item
+                        yield handle * n + delta.index, delta
                 return
             except Exception as exc:
                 if yielded or not self._after_failure(exc):
@@ -164,8 +167,8 @@ class Attempts:
             self._lease.ok()
 
     async def deltas(self) -> AsyncIterator[tuple[int, GenerationDelta]]:
-        """(sequence index, delta) as they come; records metrics; aborts the engine on exit
-        and, unless every sequence finished, audits the failure or cancellation."""
+        """(choice index, delta) as they come; records metrics; aborts the engine on exit
+        and, unless every choice finished, audits the failure or cancellation."""
         metrics = self._pipeline.metrics
         progress = self._progress
         last = None
@@ -198,7 +201,7 @@ class Attempts:
             failed = exc
             raise
         finally:
-            done = finished == len(self._handles)
+            done = finished == self._choices
             self._cancel()
             if self._lease is not None:
                 if failed is None and done:

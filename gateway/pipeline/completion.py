@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from policies import Decision
 
@@ -81,12 +81,15 @@ class Admitted:
         """Nothing more to record but the refund (the request never ran)."""
         self._done = True
 
-    async def complete(self, *, response_bytes: int | None = None) -> None:
+    async def complete(
+        self,
+        *,
+        response_bytes: int | None = None,
+        kind: Literal["inference.completed", "embedding.completed"] = "inference.completed",
+    ) -> None:
         """Record the completion; in strict mode it is durable when this returns.
         Raises ServiceUnavailable when the audit log cannot take it (strict mode)."""
-        event = self._event(
-            "inference.completed", "success", http_status=200, response_bytes=response_bytes
-        )
+        event = self._event(kind, "success", http_status=200, response_bytes=response_bytes)
         self._done = True
         await self._security.record(event)
 

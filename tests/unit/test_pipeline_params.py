@@ -76,14 +76,6 @@ def test_temperature_zero_is_kept_and_means_greedy() -> None:
     assert params.greedy
 
 
-@pytest.mark.parametrize("make", [_chat, _completion], ids=["chat", "completion"])
-def test_more_than_one_choice_is_unsupported(make: Any) -> None:
-    with pytest.raises(errors.UnsupportedParameter) as info:
-        sampling_params(make(n=2))
-    assert info.value.param == "n"
-    assert info.value.status_code == 400
-
-
 @pytest.mark.parametrize("key", ["abc", "1.5", "", "0x10", "1e3"])
 def test_logit_bias_key_must_be_an_integer(key: str) -> None:
     with pytest.raises(errors.InvalidRequest) as info:

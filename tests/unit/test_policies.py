@@ -88,9 +88,18 @@ def _ask(
     max_tokens: int | None = None,
     n: int = 1,
     prompt_bytes: int = 10,
+    action: str = "chat.completions",
 ) -> RequestFacts:
     classes = frozenset(engine.split("+"))
-    return RequestFacts(model, classes, max_tokens, n, prompt_bytes, True)  # type: ignore[arg-type]
+    return RequestFacts(
+        model,
+        classes,  # type: ignore[arg-type]
+        max_tokens,
+        n,
+        prompt_bytes,
+        True,
+        action=action,  # type: ignore[arg-type]
+    )
 
 
 # (case, principal, request, allowed, code, rule, effective_max_tokens)
@@ -652,7 +661,8 @@ def test_default_policy_lets_apps_and_admins_infer(
     [
         (_ask(max_tokens=4096, n=1, prompt_bytes=1 << 20), "allowed"),
         (_ask(max_tokens=4097), "max_tokens_exceeded"),
-        (_ask(n=2), "n_exceeded"),
+        (_ask(n=8), "allowed"),
+        (_ask(n=9), "n_exceeded"),
         (_ask(prompt_bytes=(1 << 20) + 1), "prompt_too_large"),
     ],
 )
@@ -803,3 +813,48 @@ def test_judge_remembers_per_principal_and_model(policy: PolicySet) -> None:
     # the rule scan is not redone: the second decision shares the first one's Limits object
     assert judge.decide(who, _ask(max_tokens=1)).limits is first.limits
     assert judge.decide(other, _ask()) == decide(policy, other, _ask())
+
+
+# ---- actions: which endpoints a rule allows, and its models per action ------------------------
+
+ACTION_POLICY = """
+name = "t"
+
+[[rules]]
+name = "search"
+teams = ["search"]
+models = ["gemma-*"]
+actions = ["chat.completions", "responses", "embeddings"]
+action_models = { embeddings = ["minilm-*"] }
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "action", "code"),
+    [
+        ("gemma-3", "chat.completions", "allowed"),
+        ("gemma-3", "responses", "allowed"),
+        ("gemma-3", "completions", "action_not_allowed"),
+        ("minilm-l6", "embeddings", "allowed"),
+        ("gemma-3", "embeddings", "model_not_allowed"),  # action_models replaces models
+        ("minilm-l6", "chat.completions", "model_not_allowed"),
+    ],
+)
+def test_actions_and_models_per_action(model: str, action: str, code: str) -> None:
+    policy = loads_policy(ACTION_POLICY)
+    request = _ask(model, action=action)
+    assert decide(policy, _who("search"), request).code == code
+    assert Judge(policy).decide(_who("search"), request).code == code  # the cached path too
+
+
+def test_a_model_is_listed_when_some_action_may_use_it() -> None:
+    policy = loads_policy(ACTION_POLICY)
+    assert can_use_model(policy, _who("search"), "minilm-l6")
+    assert can_use_model(policy, _who("search"), "gemma-3")
+    assert not can_use_model(policy, _who("search"), "llama-3")
+
+
+def test_an_unknown_action_is_refused_when_loading() -> None:
+    with pytest.raises(PolicyError) as info:
+        loads_policy(ACTION_POLICY.replace('"responses"', '"images"'))
+    assert "rules[0].actions[1]" in str(info.value)

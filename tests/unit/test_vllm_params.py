@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from backends.errors import ContextLengthExceeded
+from backends.errors import ContextLengthExceeded, EngineOverloaded
 from backends.types import GenerationRequest, SamplingParams
-from backends.vllm._load import split_load
+from backends.vllm._load import admit, split_load
 from backends.vllm._params import sampling_kwargs
 
 CTX = 1024
@@ -108,6 +108,16 @@ DEFAULTS = {
         pytest.param(
             {"cache_salt": "tenant-1", "priority": -3}, {}, id="salt-and-priority-not-sampling"
         ),
+        pytest.param(
+            {"n": 4, "sampling": SamplingParams(seed=9)},
+            {"n": 4, "seed": 9},
+            id="choices-are-vllm-children-seeded-by-vllm",
+        ),
+        pytest.param(
+            {"n": 3, "sampling": SamplingParams(temperature=0.0)},
+            {"n": 1, "temperature": 0.0},
+            id="greedy-choices-are-one-sequence",
+        ),
     ],
 )
 def test_mapping(request_fields: dict[str, Any], expected: dict[str, Any]) -> None:
@@ -165,3 +175,27 @@ def test_importing_the_engine_imports_no_vllm() -> None:
         [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "sequences", "admitted"),
+    [
+        pytest.param(0, 1, True, id="idle"),
+        pytest.param(11, 1, True, id="last-place"),
+        pytest.param(12, 1, False, id="full"),
+        pytest.param(8, 4, True, id="choices-fill-the-queue"),
+        pytest.param(9, 4, False, id="choices-beyond-the-queue"),
+        pytest.param(0, 40, True, id="larger-than-the-bound-on-an-idle-engine"),
+        pytest.param(1, 40, False, id="larger-than-the-bound-beside-another"),
+    ],
+)
+def test_admission(in_flight: int, sequences: int, admitted: bool) -> None:
+    def check() -> None:
+        admit(in_flight, sequences, capacity=8, max_waiting=4, mean_duration_s=2.0)
+
+    if admitted:
+        check()
+        return
+    with pytest.raises(EngineOverloaded) as info:
+        check()
+    assert info.value.retry_after_s >= 1.0
