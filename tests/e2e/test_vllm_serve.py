@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from langchain_openai import ChatOpenAI
@@ -27,13 +28,24 @@ from server_process import Server, ok, seed_data_dir, start_server, stop_and_che
 pytestmark = pytest.mark.e2e
 
 MODEL = "tiny-llama"
+EMBEDDER = "minilm-vllm"
 PROMPTS = ["the quick brown fox", "once upon a time there was", "a b c d e f g"]
 NEW_TOKENS = 24
 
 
-def _config(path: Path, bundle: Path) -> Path:
+def _config(path: Path, bundle: Path, embedder: Path) -> Path:
     path.write_text(
         f"""
+[[models]]
+id = "{EMBEDDER}"
+engine = "vllm"
+bundle = {json.dumps(str(embedder))}
+
+[models.vllm]
+max_num_seqs = 8
+kv_cache_space_gib = 1
+enforce_eager = true
+
 [[models]]
 id = "{MODEL}"
 engine = "vllm"
@@ -53,7 +65,7 @@ enforce_eager = true
 
 @pytest.fixture(scope="module")
 def server(
-    tiny_llama: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_llama: Path, minilm_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("vllm-serve")
     data = seed_data_dir(root / "data", model_dir)
@@ -66,7 +78,16 @@ def server(
         "--out", bundle,
         "--data-dir", data,
     )  # fmt: skip
-    config = _config(root / "airgate.toml", bundle)
+    embedder = root / "minilm.bundle"
+    ok(
+        "bundle", "create", minilm_dir,
+        "--name", EMBEDDER, "--version", "1", "--architecture", "bert", "--task", "embed",
+        "--recipient", "local:default",
+        "--signing-key", data / "keys" / "signing.key",
+        "--out", embedder,
+        "--data-dir", data,
+    )  # fmt: skip
+    config = _config(root / "airgate.toml", bundle, embedder)
     server = start_server(data, root / "server.log", env={"AIRGATE_CONFIG": str(config)})
     try:
         yield server
@@ -270,3 +291,35 @@ def test_libraries_with_their_defaults_get_valid_structured_answers(
     assert isinstance(chat.with_structured_output(Ticket, method="json_schema").invoke("t"), Ticket)
     bound = chat.bind_tools([Escalate], tool_choice="any", parallel_tool_calls=False)
     Escalate.model_validate(bound.invoke("escalate").tool_calls[0]["args"])  # type: ignore[attr-defined]
+
+
+def test_embeddings_on_vllm_match_sentence_transformers(
+    client: openai.OpenAI, minilm_dir: Path
+) -> None:
+    """The embedding model sealed as a safetensors bundle (`--task embed`) and served by
+    vLLM's pooling runner: the SDK's vectors are sentence-transformers' own."""
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["A bundle on the GPU class.", "Embeddings served by vLLM's pooling runner."]
+    reply = client.embeddings.create(model=EMBEDDER, input=texts)
+    got = np.array([d.embedding for d in reply.data])
+    want = SentenceTransformer(str(minilm_dir), device="cpu").encode(texts)
+    want = want / np.linalg.norm(want, axis=1, keepdims=True)
+    assert got.shape == (2, 384)
+    assert (got * want).sum(axis=1).min() >= 0.999
+    assert reply.usage.prompt_tokens > 10
+
+
+def test_choices_on_vllm(client: openai.OpenAI) -> None:
+    """n = 3 with a seed: three choices, the prompt counted once; choice i is what n = 1
+    with seed + i gives."""
+    many = client.completions.create(
+        model=MODEL, prompt=PROMPTS[1], n=3, max_tokens=8, seed=21, temperature=1
+    )
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    third = client.completions.create(
+        model=MODEL, prompt=PROMPTS[1], max_tokens=8, seed=23, temperature=1
+    )
+    assert many.choices[2].text == third.choices[0].text
+    assert many.usage is not None and third.usage is not None
+    assert many.usage.prompt_tokens == third.usage.prompt_tokens

@@ -81,6 +81,7 @@ CHUNK = 1 << 20  # file scan chunk (consecutive chunks overlap by the longest ne
 SHM = Path("/dev/shm")
 CLOCK_SLACK_S = 2.0
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+EMBEDDINGS, EMBEDDER = "/v1/embeddings", "all-minilm-l6-v2"
 GEN = 16  # max_tokens of a successful request: enough text to search the sinks for
 STORY = "Tell me a story about a lighthouse keeper."  # after the canary: the model tells it
 FORMATS: tuple[Format, ...] = ("jsonl", "csv", "ocsf")
@@ -104,7 +105,7 @@ models = ["no-such-model-*"]
 [[rules]]
 name = "apps"
 roles = ["app", "admin"]
-models = ["gemma-3-270m"]
+models = ["gemma-3-270m", "all-minilm-l6-v2"]
 max_tokens = 64
 requests_per_minute = 6000
 concurrent_streams = 4
@@ -128,6 +129,12 @@ EXPECTED = {
     "sdk_tools": 200,
     "sdk_tools_stream": 200,
     "raw_tool_history": 200,
+    "sdk_chat_choices": 200,
+    "sdk_embeddings": 200,
+    "raw_embeddings_base64": 200,
+    "embeddings_empty_input": 400,
+    "embeddings_token_vocabulary": 400,
+    "embeddings_context_length": 400,
     "validation_schema_keyword": 400,
     "validation_tool_choice": 400,
     "validation_temperature": 400,
@@ -336,6 +343,9 @@ class Driver:
             self.sdk_tools,
             self.sdk_tools_stream,
             self.raw_tool_history,
+            self.sdk_chat_choices,
+            self.sdk_embeddings,
+            self.raw_embeddings_base64,
         )
         with ThreadPoolExecutor(len(successes)) as pool:
             for future in [pool.submit(send) for send in successes]:
@@ -345,6 +355,7 @@ class Driver:
         self.auth_failures()
         self.policy_denials()
         self.engine_errors()
+        self.embedding_errors()
         self.disconnect_mid_stream()
         self.rate_limits()
         return self.traffic
@@ -410,6 +421,32 @@ class Driver:
             self.note(case, resp.status_code, resp.headers.get("x-request-id", ""), text)
 
     # ---- successes: the SDK (responses read raw for their status) and raw HTTP
+
+    def sdk_chat_choices(self) -> None:
+        """n = 3: every choice's text is searched for."""
+        body = self.chat("sdk_chat_choices", GEN, n=3, temperature=1, seed=5)
+        raw = self.sdk.chat.completions.with_raw_response.create(**body)
+        self.note("sdk_chat_choices", raw.status_code, raw.headers.get("x-request-id", ""))
+        for choice in raw.parse().choices:
+            self.traffic.completions.append(choice.message.content or "")
+
+    def sdk_embeddings(self) -> None:
+        c = self.c
+        raw = self.sdk.embeddings.with_raw_response.create(
+            model=EMBEDDER,
+            input=[c("sdk_embeddings: input 0"), f"{STORY} {c('sdk_embeddings: input 1')}"],
+            user=c("sdk_embeddings: user field"),
+        )
+        self.note("sdk_embeddings", raw.status_code, raw.headers.get("x-request-id", ""))
+        assert len(raw.parse().data) == 2
+
+    def raw_embeddings_base64(self) -> None:
+        body = {
+            "model": EMBEDDER,
+            "input": self.c("raw_embeddings_base64: input"),
+            "encoding_format": "base64",
+        }
+        self.post("raw_embeddings_base64", EMBEDDINGS, json=body)
 
     def sdk_chat(self) -> None:
         raw = self.sdk.chat.completions.with_raw_response.create(**self.chat("sdk_chat", GEN))
@@ -645,6 +682,19 @@ class Driver:
         self.post("engine_context_length_completions", COMPLETIONS, json=body)
         body = self.chat("engine_logit_bias_vocabulary", logit_bias={"999999999": 1})
         self.post("engine_logit_bias_vocabulary", CHAT, json=body)
+
+    def embedding_errors(self) -> None:
+        """Embedding inputs refused: an empty one, a token id past the vocabulary, one past
+        the context (each next to a canaried input that was fine)."""
+        fine = self.c("embeddings refused: the fine input")
+        long_input = (self.c("embeddings_context_length: long input") + " ") * 100
+        cases: tuple[tuple[str, list[Any]], ...] = (
+            ("embeddings_empty_input", [fine, ""]),
+            ("embeddings_token_vocabulary", [[7, 8], [1, 999_999_999]]),
+            ("embeddings_context_length", [fine, long_input]),
+        )
+        for case, inputs in cases:
+            self.post(case, EMBEDDINGS, json={"model": EMBEDDER, "input": inputs})
 
     def disconnect_mid_stream(self) -> None:
         """Hang up after the first generated text; wait until the server is done with it."""

