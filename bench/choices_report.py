@@ -67,6 +67,7 @@ def _bullets(args: argparse.Namespace, results: Results) -> list[str]:
     rounds = results.rounds
     k, m = results.choices, results.max_tokens
     prompts = sorted({r.prompt_tokens for r in _runs(rounds, True)})
+    prompt_tokens = "-".join(map(str, sorted({prompts[0], prompts[-1]})))
     engine_env = " ".join(f"{key}={value}" for key, value in server_env(args).items())
     orders = "; ".join(", ".join(f"{first} first" for first in r.firsts) for r in rounds)
     shares = [r.foreign_share for r in rounds]
@@ -78,8 +79,8 @@ def _bullets(args: argparse.Namespace, results: Results) -> list[str]:
         f"for each round (start to ready {Spread.of(r.ready_s for r in rounds).format('.1f')} "
         "s), then one warm-up request of each shape.",
         f"- Workload: streamed `/v1/chat/completions` of one prompt ({results.prompt_words} "
-        f"random common words, {'-'.join(map(str, (prompts[0], prompts[-1])))} prompt tokens "
-        f"with the chat template), temperature 1, {m} completion tokens per choice (end tokens "
+        f"random common words, {prompt_tokens} prompt tokens with the chat template), "
+        f"temperature 1, {m} completion tokens per choice (end tokens "
         f"{', '.join(map(str, BANNED_TOKENS))} banned with logit_bias -100; the usage is "
         f"checked to be {k} x {m}). `n={k}`: one request, `seed` s. Separate: {k} requests "
         f"with `n=1` sent at once, seeds s to s+{k - 1}. A fresh prompt for every pair, the "
@@ -88,7 +89,7 @@ def _bullets(args: argparse.Namespace, results: Results) -> list[str]:
         "sent to the last stream ended. TTFT = time to a choice's first non-empty content "
         "delta: of the first choice to get one, and of the last.",
         f"- {_count(len(rounds), 'round')} of {_count(len(rounds[0].pairs), 'pair')} "
-        f"({orders}); {pairs} pairs in all. Figures: median (min–max) over the runs; the "
+        f"({orders}); {_count(pairs, 'pair')} in all. Figures: median (min–max) over the runs; the "
         "ratio is taken per pair.",
         f"- The machine's {os.cpu_count()} cores are shared by the engine and the load "
         f"generator. Other processes used at most {max(shares, default=0):.0%} of the CPUs "

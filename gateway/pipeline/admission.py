@@ -44,6 +44,8 @@ _STATUS: dict[str, tuple[type[GatewayError], str | None]] = {
     "prompt_too_large": (RequestTooLarge, None),
 }
 _DENIED_PARAM = {"tools_not_allowed": "tools", "structured_outputs_not_allowed": "response_format"}
+# The fields as the Responses API names them (a refusal names the field the client sent).
+_RESPONSES_PARAM = {"max_tokens": "max_output_tokens", "response_format": "text.format"}
 _DEFAULT_MAX_TOKENS = 256  # reserved when neither the request nor the policy caps it
 
 
@@ -97,12 +99,12 @@ async def admit(
         error: GatewayError
         if decision.code in _STATUS:
             error_type, param = _STATUS[decision.code]
-            error = error_type(decision.message, param=param)
+            error = error_type(decision.message, param=_param(request, param))
         else:
             error = PolicyDenied(
                 decision.message,
                 decision_code=decision.code,
-                param=_DENIED_PARAM.get(decision.code),
+                param=_param(request, _DENIED_PARAM.get(decision.code)),
             )
         await _deny(security, base, now, "policy.denied", error)
         raise error
@@ -152,6 +154,12 @@ async def admit(
         await admitted.close()
         raise
     return admitted
+
+
+def _param(request: InferenceRequest, param: str | None) -> str | None:
+    if request.action == "responses" and param is not None:
+        return _RESPONSES_PARAM.get(param, param)
+    return param
 
 
 async def _deny(

@@ -1104,8 +1104,9 @@ class ResponsesDriver(Driver):
         )
         self.note_response("responses_items", raw.status_code, json.loads(raw.content))
 
-    def responses_stream(self) -> None:
-        body = self.base("responses_stream", stream=True)
+    def stream_response(self, case: str, body: dict[str, Any]) -> None:
+        """A streamed response read to its final event (completed, or incomplete at the
+        max_output_tokens cap, which the SDK's stream helper treats as an error)."""
         with self.http.stream("POST", RESPONSES, json=body, headers=self.bearer("app")) as resp:
             assert resp.status_code == 200, resp.read()
             final: dict[str, Any] = {}
@@ -1114,8 +1115,11 @@ class ResponsesDriver(Driver):
                     event = json.loads(line.removeprefix("data: "))
                     if event["type"] in ("response.completed", "response.incomplete"):
                         final = event["response"]
-            assert final, "the stream ended without its final event"
-            self.note_response("responses_stream", resp.status_code, final)
+            assert final, f"{case}: the stream ended without its final event"
+            self.note_response(case, resp.status_code, final)
+
+    def responses_stream(self) -> None:
+        self.stream_response("responses_stream", self.base("responses_stream", stream=True))
 
     def responses_json_schema(self) -> None:
         fmt = {
@@ -1137,11 +1141,10 @@ class ResponsesDriver(Driver):
 
     def responses_tools_stream(self) -> None:
         tools = self.function_tools("responses_tools_stream")
-        with self.sdk.responses.stream(
-            **self.base("responses_tools_stream", 48, tools=tools, tool_choice="required")
-        ) as stream:
-            final = stream.get_final_response()
-        self.note_response("responses_tools_stream", 200, final.model_dump(mode="json"))
+        body = self.base(
+            "responses_tools_stream", 48, tools=tools, tool_choice="required", stream=True
+        )
+        self.stream_response("responses_tools_stream", body)
 
     def responses_refusals(self) -> None:
         c = self.c

@@ -9,6 +9,7 @@ does, with a temporary ``--cache-dir`` and none of the caller's ``AIRGATE_*`` va
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -147,3 +148,58 @@ def test_check_fails_on_a_set_up_airgate_refuses(option: str, error: str, tmp_pa
     )
     assert done.returncode == 1, done.stdout
     assert error in done.stderr
+
+
+def _args(tmp_path: Path) -> argparse.Namespace:
+    return argparse.Namespace(
+        command="python -m bench", quick=False, threads=2, slots=8, no_engine_env=False,
+        server_env=[], cache_dir=tmp_path, max_foreign_load=0.05,
+    )  # fmt: skip
+
+
+def test_embeddings_section_renders(tmp_path: Path) -> None:
+    """The section from a made-up record: every batch size's figures, the ratios per round and
+    the vectors' agreement (the full run takes minutes; a crash in the report would lose it)."""
+    from bench.embeddings_report import Results, Round, render
+    from bench.embeddings_servers import BATCHES, Level, ServerOutcome
+    from bench.embeddings_st import StLevel, StOutcome
+
+    vectors = [[1.0, 0.0], [0.6, 0.8]]
+
+    def server(name: str, wall_s: float) -> ServerOutcome:
+        levels = [Level(batch=b, requests=512 // b, inputs=512, prompt_tokens=512 * 64,
+                        wall_s=wall_s, latencies_s=[0.1, 0.2]) for b in BATCHES]  # fmt: skip
+        return ServerOutcome(server=name, ready_s=1.0, warmup_s=0.1, warmup_vectors=vectors,
+                             levels=levels)  # fmt: skip
+
+    st = StOutcome(load_s=1.0, versions={"torch": "x"}, warmup_vectors=vectors,
+                   levels=[StLevel(batch=b, inputs=512, wall_s=8.0) for b in BATCHES])  # fmt: skip
+    one = Round(first="airgate", airgate=server("airgate", 4.0),
+                llama_server=server("llama-server", 5.0), st=st, foreign_share=0.01)  # fmt: skip
+    results = Results(gguf_name="m.gguf", gguf_sha256="0" * 64, inputs_per_level=512,
+                      rounds=[one, one])  # fmt: skip
+    out = render(_args(tmp_path), results)
+    assert out.startswith("## Embeddings: airgate against llama-server and sentence-transformers")
+    for batch in BATCHES:
+        assert _figure(out, f"batch {batch}: inputs/s, airgate / llama-server", 1) == 1.25
+        assert _figure(out, f"batch {batch}: inputs/s, airgate / sentence-transformers", 1) == 2
+    assert "lowest cosine over the 16 warm-up inputs, airgate against llama-server 1.000000" in out
+
+
+def test_choices_section_renders(tmp_path: Path) -> None:
+    from bench.choices_report import Results, Round, render
+    from bench.choices_stream import ModeResult
+
+    def mode(kind: str, wall_s: float, ttfts: list[float]) -> ModeResult:
+        return ModeResult(mode=kind, choices=4, wall_s=wall_s, completion_tokens=256,  # type: ignore[arg-type]
+                          prompt_tokens=311, ttfts_s=ttfts)  # fmt: skip
+
+    pair = (mode("n", 2.0, [0.4] * 4), mode("separate", 3.0, [0.5, 0.6, 0.7, 0.8]))
+    one = Round(ready_s=3.0, pairs=[pair, pair], firsts=["n=4", "4 requests"], foreign_share=0.0)
+    results = Results(choices=4, max_tokens=64, prompt_words=300, rounds=[one])
+    out = render(_args(tmp_path), results)
+    assert out.startswith("## Choices: one n=4 request against 4 concurrent requests")
+    assert _figure(out, "one request, n=4", 3) == 128
+    assert _figure(out, "aggregate tokens/s, one n=4 request / 4 concurrent requests", 1) == 1.5
+    assert _figure(out, "TTFT of the last choice, n=4 / 4 requests", 1) == 0.5
+    assert "311 prompt tokens" in out and "| PASS |" in out
