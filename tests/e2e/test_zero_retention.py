@@ -820,6 +820,9 @@ def run(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[R
                 OpenAI(base_url=f"{server.base_url}/v1", api_key=keys["app"], max_retries=0) as sdk,
             ):
                 traffic = Driver(server, canaries, {**keys, **team_keys}, http, sdk).run()
+                responses = ResponsesDriver(server, canaries, keys, http, sdk)
+                responses.traffic = traffic  # the same record: one scan covers both
+                responses.run()
             exports = handed_out(server, keys)
         finally:
             stop_and_check(server)  # the last spans are flushed at shutdown
@@ -927,7 +930,7 @@ def named(what: str) -> Describe:
 
 
 def test_every_path_was_taken(run: Run) -> None:
-    assert run.traffic.statuses == EXPECTED
+    assert run.traffic.statuses == {**EXPECTED, **RESPONSES_EXPECTED}
     kinds = {
         json.loads(line)["event"]["kind"]
         for line in run.exports["audit export (offline jsonl)"].decode().splitlines()
@@ -941,7 +944,13 @@ def test_every_path_was_taken(run: Run) -> None:
         "policy.denied",
         "rate.limited",
         "audit.access",
+        "embedding.completed",
     }, kinds
+    actions = {
+        json.loads(line)["event"].get("action")
+        for line in run.exports["audit export (offline jsonl)"].decode().splitlines()
+    }
+    assert actions >= {"chat.completions", "completions", "responses", "embeddings"}, actions
     assert sum(len(t) >= 24 and len(set(t)) >= 8 for t in run.traffic.completions) >= 6, (
         run.traffic.completions
     )
@@ -1003,7 +1012,7 @@ def test_the_scan_finds_planted_canaries(run: Run, tmp_path: Path) -> None:
     }, hits
 
 
-# ---- the Responses API (POST /v1/responses): a server of its own, the same scan ------------------
+# ---- the Responses API (POST /v1/responses): its traffic runs on the same server, after the rest
 
 RESPONSES = "/v1/responses"
 RESPONSES_EXPECTED = {
@@ -1172,82 +1181,3 @@ class ResponsesDriver(Driver):
         self.get("responses_retrieve", path)
         resp = self.http.delete(path, headers=self.bearer("app"))
         self.note("responses_delete", resp.status_code, resp.headers.get("x-request-id", ""))
-
-
-@pytest.fixture(scope="module")
-def responses_run(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Run]:
-    """A server of its own for the Responses traffic (in-process limits), stopped gracefully."""
-    root = tmp_path_factory.mktemp("zero-retention-responses")
-    data_dir = seed_data_dir(root / "data", model_dir)
-    keys = keys_of(data_dir)
-    (root / "policy.toml").write_text(POLICY)
-    sink = OtlpSink()
-    sink.__enter__()
-    config = root / "airgate.toml"
-    config.write_text(
-        f"[server]\nmax_request_bytes = {MAX_BODY}\n\n"
-        f"[policy]\npath = {json.dumps(str(root / 'policy.toml'))}\n\n"
-        f'[telemetry]\notlp_endpoint = "{sink.endpoint}"\n'
-    )
-    tmpdir, cwd = root / "tmpdir", root / "cwd"
-    tmpdir.mkdir()
-    cwd.mkdir()
-    canaries = Canaries()
-    started = time.time()
-    log_path = root / "server.log"
-    port = free_port()
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            serve_command(port, data_dir),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=clean_env({**SERVER_ENV, "AIRGATE_CONFIG": str(config), "TMPDIR": str(tmpdir)}),
-            cwd=cwd,
-        )
-    server = Server(process, port, data_dir, log_path)
-    try:
-        try:
-            server.wait_ready()
-            with (
-                httpx.Client(base_url=server.base_url, timeout=120) as http,
-                OpenAI(base_url=f"{server.base_url}/v1", api_key=keys["app"], max_retries=0) as sdk,
-            ):
-                traffic = ResponsesDriver(server, canaries, keys, http, sdk).run()
-            exports = handed_out(server, keys)
-        finally:
-            stop_and_check(server)
-        exports["otlp traces (raw protobuf at the collector)"] = sink.raw_bytes()
-        exports.update(asyncio.run(offline_exports(data_dir)))
-        yield Run(server, tmpdir, cwd, started, canaries, traffic, {}, exports, [])
-    finally:
-        sink.__exit__(None, None, None)
-
-
-def test_responses_every_path_was_taken(responses_run: Run) -> None:
-    assert responses_run.traffic.statuses == RESPONSES_EXPECTED
-    actions = {
-        json.loads(line)["event"].get("action")
-        for line in responses_run.exports["audit export (offline jsonl)"].decode().splitlines()
-    }
-    assert "responses" in actions, actions
-    long_texts = [t for t in responses_run.traffic.completions if len(t) >= 24 and len(set(t)) >= 8]
-    assert long_texts, responses_run.traffic.completions
-
-
-def test_responses_leave_no_canary_and_no_completion_text_in_any_sink(responses_run: Run) -> None:
-    hits = scan_all(responses_run, Scanner(content_needles(responses_run)), [])
-    assert hits == [], "content reached a sink:\n" + "\n".join(hits)
-
-
-def test_the_responses_scan_reads_its_sinks(responses_run: Run) -> None:
-    """The positive control for this server: a Responses request's id is found where the
-    audit log, the request log and the exports keep it."""
-    records = responses_run.server.request_records()
-    request_id = next(r["request_id"] for r in records if r.get("path") == RESPONSES)
-    hits = scan_all(responses_run, Scanner({request_id.encode(): named("request id")}), [])
-    sinks = {hit.split(": ")[0] for hit in hits}
-    assert any(s.startswith("sqlite airgate.db table audit_events row") for s in sinks), sinks
-    assert "server log (stdout+stderr)" in sinks, sinks
-    assert "audit export (offline jsonl)" in sinks, sinks
-    assert "otlp traces (raw protobuf at the collector)" in sinks, sinks
