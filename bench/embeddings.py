@@ -27,7 +27,7 @@ from pathlib import Path
 
 import msgspec
 
-from bench._check import airgate_args, importable, shown
+from bench._check import airgate_args, importable, policy_dir, shown
 from bench._client import BenchError
 from bench._report import cpu_sample, foreign_cpu_share, say
 from bench._runs import add_run_options, quiet_runs
@@ -43,6 +43,7 @@ from bench.embeddings_inputs import (
 from bench.embeddings_report import ST, Results, Round, render
 from bench.embeddings_servers import (
     BATCHES,
+    airgate_config,
     embeddings_body,
     inputs_per_level,
     llama_server_embeddings_launch,
@@ -77,9 +78,16 @@ def _inputs(maker: InputMaker, attempt: int, quick: bool) -> tuple[list[str], di
     return warmup, levels
 
 
+def _airgate_args(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--config`` of ``airgate_config`` among the server's arguments."""
+    config = airgate_config(args.cache_dir / "embeddings")
+    server_arg = [*args.server_arg, "--config", str(config)]
+    return argparse.Namespace(**{**vars(args), "server_arg": server_arg})
+
+
 def _launch(args: argparse.Namespace, server: str, binary: Path, gguf: Path) -> Launch:
     if server == AIRGATE:
-        return gateway_launch(args, key_name=_KEY_NAME)
+        return gateway_launch(_airgate_args(args), key_name=_KEY_NAME)
     return llama_server_embeddings_launch(server, binary, gguf, args.threads)
 
 
@@ -144,7 +152,9 @@ def check(args: argparse.Namespace) -> str:
         f"{WARMUP_INPUTS} warm-up and {len(BATCHES)} x {inputs_per_level(args.quick)} inputs "
         f"per round, each {INPUT_TOKENS} tokens (MiniLM tokenizer)"
     )
-    launch = gateway_launch(args, key_name=_KEY_NAME)
+    launch = _launch(args, AIRGATE, Path(), gguf)
+    version = policy_dir(args.cache_dir / "embeddings" / "policy")
+    lines.append(f"policy version {version} (limits no run reaches)")
     lines.append(
         f"{AIRGATE}: {shown(launch.command)} parsed as `airgate {airgate_args(launch.command)}`; "
         + ("the --api-key given" if args.api_key else "an app key created in its data dir")

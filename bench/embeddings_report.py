@@ -143,8 +143,11 @@ def _bullets(args: argparse.Namespace, results: Results) -> list[str]:
         f"inputs (`encoding_format: float`), sent by {CONCURRENCY} client workers (httpx, in "
         "the benchmark's process); one warm-up request of 16 inputs after each start. "
         "Inputs/s = inputs / wall time of the batch size's requests.",
-        f"- airgate: `airgate serve` (no model configuration: Gemma and MiniLM) with "
-        f"{THREADS_ENV}={args.threads}, an app key on every request; its embedder packs "
+        f"- airgate: `airgate serve --config airgate.toml` with {THREADS_ENV}={args.threads}, "
+        "an app key on every request; the configuration holds no model (airgate serves its "
+        "defaults, Gemma and MiniLM) and only a policy: the default policy's rule with rate "
+        "limits no run reaches (the default 600 requests a minute would refuse batch 1). "
+        "Its embedder packs "
         f"inputs across requests, {PEER_BATCH} tokens and at most {PEER_PARALLEL} inputs per "
         f"decode (its defaults), i.e. {PEER_BATCH // INPUT_TOKENS} of these inputs. Start "
         f"to ready: {Spread.of(r.airgate.ready_s for r in rounds).format('.1f')} s.",

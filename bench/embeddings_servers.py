@@ -4,8 +4,10 @@ GGUF, driven over HTTP at batch 1, 16 and 64 inputs per request by ``CONCURRENCY
 - airgate: ``airgate serve`` with no model configuration, started as the edge scenario starts it
   (``bench.edge_servers.gateway_launch``: its data dir in the cache, the engine threads of
   ``--threads``, an app key); it serves ``all-minilm-l6-v2`` beside Gemma, sealed from the
-  package at its first start. Its embedder packs inputs across requests: 512 tokens and at most
-  16 inputs per ``llama_decode`` (its defaults for this model, context 512).
+  package at its first start. Its configuration names only a policy (``airgate_config``) whose
+  rate limits no run reaches: the default policy's 600 requests a minute per key would refuse
+  batch-1 requests, which come faster than that. Its embedder packs inputs across requests:
+  512 tokens and at most 16 inputs per ``llama_decode`` (its defaults for this model).
 - ``llama-server``: the edge scenario's build (the llama.cpp airgate's llama-cpp-python vendors)
   with ``--embeddings --pooling mean`` on the GGUF airgate's converter writes
   (``bench.embeddings_inputs.ensure_gguf``), the same threads, and the same packing: 16 slots of
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -46,6 +49,7 @@ __all__ = [
     "PEER_PARALLEL",
     "Level",
     "ServerOutcome",
+    "airgate_config",
     "embeddings_body",
     "inputs_per_level",
     "llama_server_embeddings_launch",
@@ -100,6 +104,37 @@ class _EmbeddingList(msgspec.Struct):
 
 
 _decoder = msgspec.json.Decoder(_EmbeddingList)
+
+
+_POLICY = """\
+name = "bench-embeddings"
+description = "The embeddings benchmark: the default policy's rule, with limits no run reaches."
+
+[[rules]]
+name = "bench"
+teams = ["*"]
+roles = ["app"]
+models = ["*"]
+max_tokens = 4096
+max_n = 8
+max_prompt_bytes = 1048576
+requests_per_minute = 10000000
+tokens_per_minute = 10000000000
+concurrent_streams = 10000
+engine_classes = ["gpu", "edge"]
+audit_level = "metadata"
+"""
+
+
+def airgate_config(work: Path) -> Path:
+    """airgate.toml under ``work`` naming only the policy above (written there too): no model
+    configuration, so airgate serves its defaults, the MiniLM embedder among them."""
+    policy = work / "policy"
+    policy.mkdir(parents=True, exist_ok=True)
+    (policy / "bench.toml").write_text(_POLICY)
+    config = work / "airgate.toml"
+    config.write_text(f"[policy]\npath = {json.dumps(str(policy))}\n")
+    return config
 
 
 def inputs_per_level(quick: bool) -> int:

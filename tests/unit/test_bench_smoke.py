@@ -107,6 +107,7 @@ _CHECKED = {
                    "an app key created", "llama-server: `", "request bodies"],
     "embeddings": ["all-minilm-l6-v2-f32.gguf converted by airgate's converter",
                    "inputs per round, each 64 tokens", " serve --port ", "an app key created",
+                   "policy version",
                    "llama-server: `", "--embeddings --pooling mean", "-m bench.embeddings_st",
                    "decoded as airgate's EmbeddingsRequest"],
     "choices": [" serve --port ", "an app key created",
