@@ -18,6 +18,8 @@ from pydantic import BaseModel, Field
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.models.openai import OpenAIResponsesModel
 from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import UsageLimits
 from server_process import MODEL, Server
 
@@ -133,13 +135,20 @@ def test_pydantic_ai_responses_model_with_a_tool_and_a_structured_result(server:
         MODEL, provider=OpenAIProvider(base_url=f"{server.base_url}/v1", api_key=server.key())
     )
     looked_up: list[int] = []
+
+    async def once(ctx: RunContext[None], tool: ToolDefinition) -> ToolDefinition | None:
+        # the tool may be called once (hidden afterwards): a 270M model would call it again
+        # and again until the request limit
+        return None if looked_up else tool
+
     agent = Agent(
         model,
         output_type=Person,
         instructions="Look the user up with the tool, then describe them.",
+        model_settings=ModelSettings(seed=3),
     )
 
-    @agent.tool
+    @agent.tool(prepare=once)
     def lookup_user(ctx: RunContext[None], user_id: int) -> str:
         """Look a user up by id."""
         looked_up.append(user_id)

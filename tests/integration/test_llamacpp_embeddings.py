@@ -57,7 +57,8 @@ SENTENCES = [
     'He said: "Don\'t go there!" and left.',
     "  leading\tand trailing   whitespace \n",
 ]
-CONTEXT = 512
+CONTEXT = 512  # the engine's own tests: MiniLM's position embeddings
+SERVED_CONTEXT = 256  # what the default bundle says: its declared max_seq_length
 # Packing changes the order of some float sums in llama.cpp (measured: |diff| <= 1.5e-4 per
 # component); a meaning-changing error would be orders of magnitude larger.
 SAME_COSINE = 0.99999
@@ -286,7 +287,10 @@ def seal_default(data_dir: Path, scratch: Path, gguf: bytes) -> tuple[Any, KeyPr
     )
     try:
         assert opened.manifest.model.architecture == "bert"
-        assert opened.manifest.model.engine_hints == {"task": "embed", "context_length": CONTEXT}
+        assert opened.manifest.model.engine_hints == {
+            "task": "embed",
+            "context_length": SERVED_CONTEXT,
+        }
         plaintext = Path(opened.path).read_bytes()
         assert hashlib.sha256(plaintext).digest() == hashlib.sha256(gguf).digest()
     finally:
@@ -327,7 +331,8 @@ def test_with_no_models_configured_both_defaults_are_served(seeded_data_dir: Pat
         (deployment,) = embedding.deployments
         assert isinstance(deployment.engine, LlamaCppEmbedder)
         assert deployment.engine.task == "embed"
-        assert deployment.engine.options.batch_size >= CONTEXT
+        assert deployment.engine.context_length == SERVED_CONTEXT
+        assert deployment.engine.options.batch_size >= SERVED_CONTEXT
         (chat,) = served["gemma-3-270m"].deployments
         assert chat.engine.task == "generate"
     finally:
