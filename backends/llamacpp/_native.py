@@ -16,8 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import EngineFailure
+from ..types import ModelSource
 
-__all__ = ["Batch", "Context", "Model", "init_backend"]
+__all__ = ["Batch", "Context", "Model", "init_backend", "open_model"]
 
 _log = logging.getLogger("airgate.llamacpp")
 _GGML_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
@@ -260,3 +261,15 @@ class EmbeddingContext:
 
 
 __all__ += ["EmbeddingContext"]
+
+
+def open_model(source: str | ModelSource) -> Model:
+    """The model at a path, or from a source opened for the load and released right after it
+    (a decrypted bundle's plaintext lives no longer than the load)."""
+    init_backend()
+    if isinstance(source, str):
+        return Model(source)
+    try:
+        return Model(source.open())
+    finally:
+        source.release()

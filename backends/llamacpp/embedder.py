@@ -48,7 +48,7 @@ from ..types import (
     ModelSource,
     Task,
 )
-from ._native import Batch, EmbeddingContext, Model, init_backend
+from ._native import Batch, EmbeddingContext, Model, open_model
 from .engine import available_cores
 
 __all__ = ["LlamaCppEmbedder", "LlamaCppEmbedderOptions"]
@@ -189,15 +189,8 @@ class LlamaCppEmbedder:
         )
 
     def _load(self) -> None:
-        init_backend()
         opts = self.options
-        if isinstance(self._source, str):
-            model = Model(self._source)
-        else:
-            try:
-                model = Model(self._source.open())
-            finally:
-                self._source.release()
+        model = open_model(self._source)
         try:
             ctx = EmbeddingContext(
                 model, n_seq=opts.sequences, n_batch=opts.batch_size, n_threads=self.n_threads

@@ -24,7 +24,7 @@ from ..types import (
 )
 from ._grammar import GrammarCache
 from ._job import Job
-from ._native import Context, Model, init_backend
+from ._native import Context, Model, open_model
 from ._sampler import free_sampler
 from ._scheduler import Scheduler
 
@@ -150,15 +150,8 @@ class LlamaCppEngine:
         )
 
     def _load(self) -> None:
-        init_backend()
         opts = self.options
-        if isinstance(self._source, str):
-            self._model = Model(self._source)
-        else:
-            try:
-                self._model = Model(self._source.open())
-            finally:
-                self._source.release()
+        self._model = open_model(self._source)
         self._ctx = Context(
             self._model,
             n_seq=opts.slots,
