@@ -122,15 +122,15 @@ async def embed(pipeline: Pipeline, request: InferenceRequest, record: Record) -
             ttft_s=None,
             response_model=model.id,
         )
-        span.end()
         await admitted.complete(kind="embedding.completed")
     except BaseException as exc:
         if isinstance(exc, GatewayError):
             progress.error_code = exc.code or exc.type
             span.set_error(progress.error_code)
-        span.end()
         await admitted.close(exc if isinstance(exc, Exception) else None)
         raise
+    finally:
+        span.end()  # once, whatever happened
     await admitted.close()  # the refund: settles on the tokens the inputs took
     return Embedded(model, result, admitted.headers)
 
