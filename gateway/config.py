@@ -50,6 +50,11 @@ class ServerSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=
     max_request_bytes: Annotated[int, Meta(ge=1024, le=256 * 1024 * 1024)] = 4 * 1024 * 1024
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     shutdown_grace_s: Annotated[float, Meta(ge=0)] = 10.0
+    # the request line and headers: bigger -> 431, more headers -> 431, not complete within
+    # the timeout (counted from the connection or the request's first byte) -> 408 and closed
+    max_header_bytes: Annotated[int, Meta(ge=1024, le=1024 * 1024)] = 32 * 1024
+    max_headers: Annotated[int, Meta(ge=8, le=1000)] = 100
+    header_timeout_s: Annotated[float, Meta(gt=0, le=300)] = 10.0
 
 
 class EngineSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -177,7 +182,7 @@ class JwtSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     leeway_s: Annotated[float, Meta(ge=0, le=300)] = 30.0
     team_claim: str = "team"
     roles_claim: str = "roles"
-    role_map: dict[str, Literal["app", "auditor", "admin"]] = {}  # claim value -> role
+    role_map: dict[str, Literal["app", "auditor", "admin", "global_auditor"]] = {}  # claim -> role
 
 
 class MtlsSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -193,6 +198,14 @@ class AuthSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     public_metrics: bool = False  # /metrics without a key (for scrapers on a trusted network)
     jwt: JwtSettings | None = None
     mtls: MtlsSettings | None = None
+    # requests that fail authentication, per client address: a token bucket of `failure_burst`
+    # refilled at `failure_rate_per_s`; once empty, 429 before any credential is looked up
+    # (0: no limit, e.g. behind a proxy that every caller shares)
+    failure_burst: Annotated[int, Meta(ge=0, le=1_000_000)] = 60
+    failure_rate_per_s: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
+    # auth failures are audited as one event per (address, reason) per window, with a count
+    # (the first of a window at once); 0: one event per failure
+    failure_audit_window_s: Annotated[float, Meta(ge=0, le=3600)] = 10.0
 
 
 class PolicySettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -210,11 +223,31 @@ class LimitSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
             parse_redis_url(self.redis_url)  # raises ValueError naming what it does not take
 
 
+class AuditSignerSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The key that signs audit checkpoints.  `local`: an Ed25519 key file (laptops; default
+    <data_dir>/keys/audit-signing.key); the others sign inside the provider configured in
+    [kms] and never reveal the key."""
+
+    provider: Literal["local", "pkcs11", "vault-transit", "aws-kms"] = "local"
+    key_ref: str = ""  # local: the key file; pkcs11: the key label; Transit: the key name;
+    # AWS KMS: the key id, ARN or alias
+
+
 class AuditSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     database_url: str = ""  # default: SQLite in the data dir; postgresql://... for production
     strict: bool = True  # an answered request is always audited; no database -> 503
     checkpoint_every: Annotated[int, Meta(ge=1)] = 1000
-    checkpoint_interval_s: Annotated[float, Meta(gt=0)] = 10.0
+    checkpoint_interval_s: Annotated[float, Meta(gt=0)] = 1.0
+    signer: AuditSignerSettings = AuditSignerSettings()
+    # public keys verification trusts (`ed25519:...`, `ecdsa-p256:...`, or files of them);
+    # never the data directory's own key file
+    trusted_keys: list[str] = []
+    # witnesses that receive every published checkpoint, outside the database: an append-only
+    # directory on another mount (WORM in production), and a syslog address
+    # ("udp://host:port", "tcp://host:port" or a unix socket path)
+    witness_dir: str = ""
+    witness_syslog: str = ""
+    witness_interval_s: Annotated[float, Meta(gt=0, le=60)] = 1.0
     migrate: bool = False  # PostgreSQL: migrate an old schema at start (SQLite always does)
     # SQLite: "full" fsyncs every commit (survives power loss, ~2-5 ms a commit on ordinary
     # disks); "normal" is durable against any crash of airgate and reaches the disk at the

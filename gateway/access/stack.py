@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bundles import create_signing_key, load_signing_key
+from bundles.kms.signer import VerifyKey
 from policies import Judge, PolicyError, PolicySet, load_default_policy, load_policy_dir
 
 from ..audit import AuditEvent, AuditUnavailable, AuditWriter
@@ -31,6 +30,7 @@ from ..config import Settings
 from ..db import create_db_engine, database_url
 from ..db.migrate import ensure_schema
 from ..errors import ServiceUnavailable
+from . import audit_log
 from .auth import (
     JwtVerifier,
     KeyStore,
@@ -42,22 +42,9 @@ from .auth import (
 from .limits import FailoverLimiter, Limiter, LocalLimiter, RedisLimiter
 from .limits.resp import PipelinedRedis
 
-__all__ = ["PolicyHolder", "Security", "SecurityHolder", "audit_key_file", "open_security"]
+__all__ = ["PolicyHolder", "Security", "SecurityHolder", "open_security"]
 
 _log = logging.getLogger("airgate.security")
-
-
-def audit_key_file(settings: Settings) -> Path:
-    """The Ed25519 key that signs audit checkpoints (created on first start, 0600)."""
-    return Path(settings.data_dir) / "keys" / "audit-signing.key"
-
-
-def audit_signing_key(settings: Settings) -> Ed25519PrivateKey:
-    path = audit_key_file(settings)
-    if not path.exists():
-        create_signing_key(path)
-        _log.info("created the audit checkpoint signing key %s (0600)", path)
-    return load_signing_key(path)
 
 
 class PolicyHolder:
@@ -102,7 +89,7 @@ class Security:
     policy: PolicyHolder
     limiter: Limiter
     audit: AuditWriter
-    audit_key: Ed25519PrivateKey
+    trusted_audit_keys: list[VerifyKey]  # what verification trusts: pinned keys only
     closers: list[Any] = field(default_factory=list)
 
     def cache_salt(self, principal: Principal) -> str:
@@ -166,21 +153,21 @@ async def open_security(settings: Settings) -> AsyncIterator[Security]:
         )
     subjects = SubjectMap(settings.auth.mtls.subjects) if settings.auth.mtls else None
     limiter, redis_client = _limiter(settings)
-    key = audit_signing_key(settings)
-    writer = AuditWriter(
-        engine,
-        signing_key=key,
-        checkpoint_every=settings.audit.checkpoint_every,
-        checkpoint_interval_s=settings.audit.checkpoint_interval_s,
-    )
-    await writer.start()
-    security = Security(
-        settings, engine, keys, jwt, subjects, PolicyHolder(settings), limiter, writer, key
-    )
+    trusted = audit_log.trusted_audit_keys(settings)
     try:
-        yield security
+        async with audit_log.open_audit_writer(settings, engine, keys, reconcile=True) as writer:
+            yield Security(
+                settings,
+                engine,
+                keys,
+                jwt,
+                subjects,
+                PolicyHolder(settings),
+                limiter,
+                writer,
+                trusted,
+            )
     finally:
-        await writer.stop()
         await keys.aclose()
         if redis_client is not None:
             await redis_client.aclose()

@@ -1,11 +1,16 @@
-"""The chain head: where the audit chain ends, and the batch that extends it.
+"""The chain head: where the audit log ends, and the batch that extends it.
 
-`Head` is the chain as the database last confirmed it: the last seq and row hash, the last
-checkpoint, and the row hashes after it (not yet covered by a signature).  `read_head` recovers
-it from the tables; `extend` builds a batch (rows linked onto the head, a signed checkpoint each
-time `every` rows are pending, so checkpoints cover exact ranges) and `checkpoint_tail` signs
-what is pending.  Both are pure, with the clock reading and the key passed in: the writer
-inserts what they return in one transaction and keeps the new head only after COMMIT.
+`Head` is the log as the database last confirmed it: the last seq and row hash, the last
+checkpoint (a signed tree head) and the tree's right edge (`CompactTree`).  `read_head`
+recovers it from the tables (the last checkpoint's stored frontier, checked against its signed
+root, so a restart never re-reads the log) and refuses a log whose rows do not end exactly at
+its last checkpoint: the writer commits rows and their checkpoint in one transaction, so a row
+after the last checkpoint was not written by a writer, and signing over it would launder it.
+
+`extend` builds a batch: rows linked onto the head, and an unsigned checkpoint after every
+`every` rows and at the batch's end; `seal` makes the one checkpoint of an open, close or epoch
+marker.  Both are pure; the writer signs, inserts in one transaction, and keeps the new head
+only after COMMIT.
 """
 
 from __future__ import annotations
@@ -14,32 +19,55 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .chain import GENESIS, link
-from .checkpoint import Checkpoint, checkpoint_from_row, make_checkpoint
+from .checkpoint import Checkpoint, CheckpointKind, checkpoint_from_row, unsigned_checkpoint
 from .errors import AuditCorrupt
 from .event import AuditEvent
+from .merkle import CompactTree
 from .schema import audit_checkpoints, audit_events
 
-__all__ = ["Head", "checkpoint_tail", "extend", "read_head"]
+__all__ = ["Head", "Signing", "extend", "read_head", "seal"]
+
+
+class Signing(msgspec.Struct, frozen=True, kw_only=True):
+    """Who signs this writer's checkpoints, and for which log."""
+
+    log_id: str
+    alg: str
+    key_id: str
 
 
 class Head(msgspec.Struct, frozen=True, kw_only=True):
-    """The chain as the database last confirmed it."""
+    """The log as the database last confirmed it (always ending at a checkpoint, or empty)."""
 
     seq: int
     row_hash: str
     checkpoint: Checkpoint | None
-    pending: tuple[str, ...]  # row hashes after the last checkpoint
+    tree: CompactTree
+
+    @property
+    def epoch(self) -> int:
+        return self.checkpoint.epoch if self.checkpoint else 1
+
+
+def _frontier(text: str) -> list[bytes]:
+    if len(text) % 64:
+        raise ValueError("frontier")
+    return [bytes.fromhex(text[i : i + 64]) for i in range(0, len(text), 64)]
 
 
 async def read_head(engine: AsyncEngine) -> Head:
-    """The head as stored.  Raises `AuditCorrupt` when the last checkpoint covers rows that are
-    not there; driver errors propagate (the writer translates them)."""
+    """The head as stored.  Raises `AuditCorrupt` (with a message for the operator) when the
+    rows do not end at the last checkpoint; driver errors propagate."""
     async with engine.connect() as conn:
+        cp_row = (
+            await conn.execute(
+                select(audit_checkpoints).order_by(audit_checkpoints.c.id.desc()).limit(1)
+            )
+        ).first()
         last = (
             await conn.execute(
                 select(audit_events.c.seq, audit_events.c.row_hash)
@@ -47,27 +75,32 @@ async def read_head(engine: AsyncEngine) -> Head:
                 .limit(1)
             )
         ).first()
-        cp_row = (
-            await conn.execute(
-                select(audit_checkpoints).order_by(audit_checkpoints.c.id.desc()).limit(1)
-            )
-        ).first()
-        checkpoint = checkpoint_from_row(cp_row) if cp_row else None
-        after = checkpoint.last_seq if checkpoint else 0
-        pending = (
-            await conn.execute(
-                select(audit_events.c.row_hash)
-                .where(audit_events.c.seq > after)
-                .order_by(audit_events.c.seq)
-            )
-        ).scalars()
-        pending_hashes = tuple(pending)
+        rows = (await conn.execute(select(func.count()).select_from(audit_events))).scalar()
     seq, row_hash = (int(last.seq), str(last.row_hash)) if last else (0, GENESIS)
-    if seq < after:
+    if cp_row is None:
+        if seq:
+            raise AuditCorrupt(
+                f"the audit log has {seq} rows and no signed checkpoint: it was not written by "
+                "airgate's writer; run `airgate audit verify`"
+            )
+        return Head(seq=0, row_hash=GENESIS, checkpoint=None, tree=CompactTree())
+    checkpoint = checkpoint_from_row(cp_row)
+    if seq != checkpoint.size or int(rows or 0) != seq:
         raise AuditCorrupt(
-            f"the last checkpoint covers seq {after} but the last row is {seq}; run verify"
+            f"the audit log ends at seq {seq} with {rows} rows but its last signed checkpoint "
+            f"covers {checkpoint.size}: rows were removed or added outside airgate; run "
+            "`airgate audit verify`"
         )
-    return Head(seq=seq, row_hash=row_hash, checkpoint=checkpoint, pending=pending_hashes)
+    try:
+        tree = CompactTree(checkpoint.size, _frontier(str(cp_row.frontier)))
+    except ValueError:
+        tree = None
+    if tree is None or tree.root().hex() != checkpoint.root:
+        raise AuditCorrupt(
+            "the last checkpoint's stored tree does not match its signed root; "
+            "run `airgate audit verify`"
+        )
+    return Head(seq=seq, row_hash=row_hash, checkpoint=checkpoint, tree=tree)
 
 
 def extend(
@@ -76,33 +109,53 @@ def extend(
     *,
     every: int,
     ts_us: int,
-    signing_key: Ed25519PrivateKey,
-) -> tuple[list[dict[str, Any]], list[Checkpoint], Head]:
-    """The rows for `events` after `head`, the checkpoints that fall due among them (one per
-    `every` pending rows, stamped `ts_us`), and the head once they are committed."""
+    signing: Signing,
+) -> tuple[list[dict[str, Any]], list[tuple[Checkpoint, tuple[bytes, ...]]], Head]:
+    """The rows for `events` after `head`, the unsigned checkpoints among them (with the tree's
+    frontier at each), and the head once they are signed and committed (its checkpoint is the
+    unsigned last one: the writer replaces it with the signed one)."""
     seq, prev, checkpoint = head.seq, head.row_hash, head.checkpoint
-    pending = list(head.pending)
+    tree = head.tree.copy()
     rows: list[dict[str, Any]] = []
-    checkpoints: list[Checkpoint] = []
-    for event in events:
+    checkpoints: list[tuple[Checkpoint, tuple[bytes, ...]]] = []
+    since = 0
+    for i, event in enumerate(events):
         seq += 1
         row = link(prev, seq, event)
         prev = row["row_hash"]
         rows.append(row)
-        pending.append(prev)
-        if len(pending) == every:
-            checkpoint = make_checkpoint(checkpoint, pending, ts_us=ts_us, signing_key=signing_key)
-            checkpoints.append(checkpoint)
-            pending = []
-    new_head = Head(seq=seq, row_hash=prev, checkpoint=checkpoint, pending=tuple(pending))
-    return rows, checkpoints, new_head
+        tree.append(bytes.fromhex(prev))
+        since += 1
+        if since == every or i == len(events) - 1:
+            checkpoint = _next(checkpoint, head.epoch, "batch", tree, ts_us, signing)
+            checkpoints.append((checkpoint, tree.stack))
+            since = 0
+    return rows, checkpoints, Head(seq=seq, row_hash=prev, checkpoint=checkpoint, tree=tree)
 
 
-def checkpoint_tail(
-    head: Head, *, ts_us: int, signing_key: Ed25519PrivateKey
-) -> tuple[Checkpoint, Head]:
-    """A checkpoint over the rows pending after `head`, and the head once it is committed."""
-    checkpoint = make_checkpoint(
-        head.checkpoint, head.pending, ts_us=ts_us, signing_key=signing_key
+def seal(
+    head: Head, kind: CheckpointKind, *, ts_us: int, signing: Signing, epoch: int | None = None
+) -> Checkpoint:
+    """The unsigned open/close/epoch checkpoint at the head's size."""
+    return _next(head.checkpoint, epoch or head.epoch, kind, head.tree, ts_us, signing)
+
+
+def _next(
+    prev: Checkpoint | None,
+    epoch: int,
+    kind: CheckpointKind,
+    tree: CompactTree,
+    ts_us: int,
+    signing: Signing,
+) -> Checkpoint:
+    return unsigned_checkpoint(
+        prev,
+        log_id=signing.log_id,
+        epoch=epoch,
+        kind=kind,
+        size=tree.size,
+        root=tree.root(),
+        ts_us=ts_us,
+        alg=signing.alg,
+        key_id=signing.key_id,
     )
-    return checkpoint, msgspec.structs.replace(head, checkpoint=checkpoint, pending=())

@@ -1,18 +1,26 @@
-"""Signed checkpoints: an Ed25519 signature over the Merkle root of the rows since the last one.
+"""Signed checkpoints: tree heads over the whole log, chained to each other, signed by a key the
+database does not hold.
 
 A row hash chain detects an edited, removed, inserted or reordered row, but not an attacker who
-rewrites a row and recomputes every hash after it.  A checkpoint does: it commits, with a key the
-database does not hold, to the exact list of row hashes `first_seq..last_seq`.  Checkpoints
-cover consecutive ranges from seq 1 and link to each other (`prev_hash` is the SHA-256 of the
-previous checkpoint's signed message), so one cannot be dropped from the middle unnoticed.
+rewrites a row and recomputes every hash after it.  A checkpoint does: it commits, with a key
+pinned by every verifier, to the Merkle tree head of the log (RFC 6962) at `size` rows, and to
+the hash of the previous checkpoint (like CloudTrail's digest files), so a verifier who holds
+any one checkpoint can prove the log it is shown later still begins with the same rows.
 
-Signed message (domain-separated from bundle manifests signed with the same kind of key):
+Each one is a row of `audit_checkpoints`, and the writer also publishes them to witnesses
+outside the database (`witness.py`).  Kinds: `batch` (after each group commit: the rows and
+their checkpoint commit in one transaction, so no row is ever unsigned), `open` (at start,
+"opened at size N"), `close` (clean shutdown) and `epoch` (an explicit new epoch after a loss,
+`airgate audit init --new-epoch`).
 
-    b"airgate-audit-checkpoint/1\\n" || canonical JSON {count, first_seq, id, last_seq,
-                                                       merkle_root, prev_hash, ts_us}
+Signed message (domain-separated from bundle manifests):
 
-`key_id` is the first 16 hex digits of SHA-256 of the raw public key (as for bundle keys), so a
-verifier picks the trusted key without trying each one.
+    b"airgate-audit-checkpoint/2\\n" || canonical JSON {alg, count, epoch, first_seq, id, kind,
+        log_id, prev_hash, root, size, ts_us}
+
+`first_seq`/`count` name the rows this checkpoint added (count 0 for open/close/epoch).
+`frontier` is not signed: it is the writer's cache of the tree's right edge, so a restart does
+not re-read every row; a wrong one only makes later roots wrong, which verification finds.
 """
 
 from __future__ import annotations
@@ -20,80 +28,117 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import msgspec
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from bundles.signing import key_id
+from bundles.kms.signer import VerifyKey
 
 from .chain import GENESIS
-from .merkle import merkle_root
 
 __all__ = [
     "Checkpoint",
     "CheckpointCheck",
+    "CheckpointKind",
     "check_signature",
     "checkpoint_from_row",
     "checkpoint_hash",
-    "make_checkpoint",
-    "range_root",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "signed",
     "trusted_by_id",
+    "unsigned_checkpoint",
 ]
 
-_DOMAIN = b"airgate-audit-checkpoint/1\n"
+_DOMAIN = b"airgate-audit-checkpoint/2\n"
 _encoder = msgspec.json.Encoder(order="sorted")
 
 CheckpointCheck = Literal["ok", "untrusted_key", "bad_signature"]
+CheckpointKind = Literal["batch", "open", "close", "epoch"]
 
 
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
-    """One row of `audit_checkpoints`."""
+    """One signed tree head (a row of `audit_checkpoints`, and what witnesses keep)."""
 
     id: int
+    log_id: str
+    epoch: int
+    kind: CheckpointKind
+    size: int  # rows 1..size are in the tree (stored as last_seq)
+    root: str  # hex RFC 6962 root over the row hashes 1..size (stored as merkle_root)
     first_seq: int
-    last_seq: int
     count: int
-    merkle_root: str
-    prev_hash: str
+    prev_hash: str  # SHA-256 (hex) of the previous checkpoint's message
     ts_us: int
+    alg: str
     key_id: str
-    signature: str  # base64 of the 64-byte Ed25519 signature
+    signature: str  # base64
 
     def message(self) -> bytes:
         """The exact bytes the signature covers."""
         signed = {
+            "alg": self.alg,
             "count": self.count,
+            "epoch": self.epoch,
             "first_seq": self.first_seq,
             "id": self.id,
-            "last_seq": self.last_seq,
-            "merkle_root": self.merkle_root,
+            "kind": self.kind,
+            "log_id": self.log_id,
             "prev_hash": self.prev_hash,
+            "root": self.root,
+            "size": self.size,
             "ts_us": self.ts_us,
         }
         return _DOMAIN + _encoder.encode(signed)
+
+    def row(self, frontier: Iterable[bytes] = ()) -> dict[str, Any]:
+        """The `audit_checkpoints` row."""
+        return {
+            "id": self.id,
+            "log_id": self.log_id,
+            "epoch": self.epoch,
+            "kind": self.kind,
+            "last_seq": self.size,
+            "merkle_root": self.root,
+            "first_seq": self.first_seq,
+            "count": self.count,
+            "prev_hash": self.prev_hash,
+            "ts_us": self.ts_us,
+            "alg": self.alg,
+            "key_id": self.key_id,
+            "signature": self.signature,
+            "frontier": "".join(node.hex() for node in frontier),
+        }
 
 
 def checkpoint_from_row(row: Any) -> Checkpoint:
     """A row of `audit_checkpoints` (any object with its column attributes)."""
     return Checkpoint(
         id=int(row.id),
+        log_id=str(row.log_id),
+        epoch=int(row.epoch),
+        kind=row.kind,
+        size=int(row.last_seq),
+        root=str(row.merkle_root),
         first_seq=int(row.first_seq),
-        last_seq=int(row.last_seq),
         count=int(row.count),
-        merkle_root=str(row.merkle_root),
         prev_hash=str(row.prev_hash),
         ts_us=int(row.ts_us),
+        alg=str(row.alg),
         key_id=str(row.key_id),
         signature=str(row.signature),
     )
 
 
-def range_root(row_hashes: Sequence[str]) -> str:
-    """The Merkle root (hex) over hex row hashes, each leaf being the 32 raw bytes."""
-    return merkle_root([bytes.fromhex(h) for h in row_hashes]).hex()
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """The canonical JSON witnesses store (one line)."""
+    return _encoder.encode(checkpoint)
+
+
+def decode_checkpoint(data: bytes | str) -> Checkpoint:
+    """Raises `msgspec.DecodeError`/`ValidationError` on anything else."""
+    return msgspec.json.decode(data, type=Checkpoint)
 
 
 def checkpoint_hash(checkpoint: Checkpoint | None) -> str:
@@ -103,44 +148,56 @@ def checkpoint_hash(checkpoint: Checkpoint | None) -> str:
     return hashlib.sha256(checkpoint.message()).hexdigest()
 
 
-def make_checkpoint(
+def unsigned_checkpoint(
     prev: Checkpoint | None,
-    row_hashes: Sequence[str],
     *,
+    log_id: str,
+    epoch: int,
+    kind: CheckpointKind,
+    size: int,
+    root: bytes,
     ts_us: int,
-    signing_key: Ed25519PrivateKey,
+    alg: str,
+    key_id: str,
 ) -> Checkpoint:
-    """The checkpoint after `prev` over the next `len(row_hashes)` rows, signed."""
-    first = prev.last_seq + 1 if prev else 1
-    unsigned = Checkpoint(
+    """The checkpoint after `prev` at `size` rows, to be signed (`signature` empty)."""
+    first = prev.size + 1 if prev else 1
+    return Checkpoint(
         id=prev.id + 1 if prev else 1,
+        log_id=log_id,
+        epoch=epoch,
+        kind=kind,
+        size=size,
+        root=root.hex(),
         first_seq=first,
-        last_seq=first + len(row_hashes) - 1,
-        count=len(row_hashes),
-        merkle_root=range_root(row_hashes),
+        count=size - first + 1,
         prev_hash=checkpoint_hash(prev),
         ts_us=ts_us,
-        key_id=key_id(signing_key.public_key()),
+        alg=alg,
+        key_id=key_id,
         signature="",
     )
-    signature = base64.b64encode(signing_key.sign(unsigned.message())).decode("ascii")
-    return msgspec.structs.replace(unsigned, signature=signature)
 
 
-def trusted_by_id(keys: Iterable[Ed25519PublicKey]) -> dict[str, Ed25519PublicKey]:
-    return {key_id(k): k for k in keys}
+def signed(checkpoint: Checkpoint, signature: bytes) -> Checkpoint:
+    return msgspec.structs.replace(
+        checkpoint, signature=base64.b64encode(signature).decode("ascii")
+    )
 
 
-def check_signature(
-    checkpoint: Checkpoint, trusted: Mapping[str, Ed25519PublicKey]
-) -> CheckpointCheck:
+def trusted_by_id(keys: Iterable[VerifyKey]) -> dict[str, VerifyKey]:
+    return {k.key_id: k for k in keys}
+
+
+def check_signature(checkpoint: Checkpoint, trusted: Mapping[str, VerifyKey]) -> CheckpointCheck:
     """Whether a trusted key signed exactly this checkpoint."""
     public = trusted.get(checkpoint.key_id)
     if public is None:
         return "untrusted_key"
+    if public.alg != checkpoint.alg:
+        return "bad_signature"
     try:
         raw = base64.b64decode(checkpoint.signature, validate=True)
-        public.verify(raw, checkpoint.message())
-    except (InvalidSignature, binascii.Error, ValueError):
+    except (binascii.Error, ValueError):
         return "bad_signature"
-    return "ok"
+    return "ok" if public.verify(raw, checkpoint.message()) else "bad_signature"

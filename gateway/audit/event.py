@@ -49,6 +49,7 @@ EventKind = Literal[
     "inference.completed",
     "inference.failed",
     "inference.cancelled",
+    "inference.interrupted",
     "embedding.completed",
     "auth.failure",
     "policy.denied",
@@ -56,6 +57,7 @@ EventKind = Literal[
     "admin.action",
     "audit.access",
     "bundle.loaded",
+    "audit.epoch",
 ]
 KINDS: tuple[EventKind, ...] = EventKind.__args__  # type: ignore[attr-defined]
 Outcome = Literal["success", "failure", "denied", "cancelled"]
@@ -122,6 +124,8 @@ class AuditEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     tools_count: Count | None = None
     tool_calls_count: Count | None = None
     inputs_count: Count | None = None  # embeddings: how many inputs (never the inputs)
+    client_address: Ident | None = None  # the peer's IP address (auth failures, admin actions)
+    count: Annotated[int, Meta(ge=1)] | None = None  # an aggregated event: how many it stands for
     request_bytes: Count | None = None
     response_bytes: Count | None = None
     policy_version: Ident | None = None

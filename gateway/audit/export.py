@@ -78,6 +78,8 @@ CSV_COLUMNS = (
     "tools_count",
     "tool_calls_count",
     "inputs_count",
+    "client_address",
+    "count",
     "row_hash",
 )
 
@@ -215,6 +217,7 @@ def ocsf_event(rec: AuditRecord) -> dict[str, Any]:
             "product": {"name": "airgate", "vendor_name": "airgate"},
         },
         "http_request": {"url": {"path": ev.route}} if ev.route else None,
+        "src_endpoint": {"ip": ev.client_address} if ev.client_address else None,
         "dst_endpoint": {"svc_name": ev.deployment} if ev.deployment else None,
         "unmapped": {
             "kind": ev.kind,
@@ -234,6 +237,7 @@ def ocsf_event(rec: AuditRecord) -> dict[str, Any]:
             "tools_count": ev.tools_count,
             "tool_calls_count": ev.tool_calls_count,
             "inputs_count": ev.inputs_count,
+            "count": ev.count,
             "row_hash": rec.row_hash,
         },
     }

@@ -1,12 +1,14 @@
-"""The audit tables, on the shared `gateway.db.metadata` (Alembic revision `20261129_01_audit`).
+"""The audit tables, on the shared `gateway.db.metadata` (Alembic revisions `20261129_01_audit`
+and `20261202_01_tamper`).
 
 `audit_events` is the hash chain: `seq` is assigned by the one writer, gapless from 1; `body` is
 the event's canonical JSON (TEXT, not JSONB: the chain hashes its exact bytes); the other columns
 copy values out of the body for the compliance filters.  `audit_checkpoints` holds the signed
-Merkle roots over consecutive ranges of `seq`.
+tree heads (`checkpoint.py`).
 
-Both tables are append-only.  The migration adds triggers that reject UPDATE and DELETE (and
-TRUNCATE on PostgreSQL); on PostgreSQL also grant the gateway's role only SELECT and INSERT:
+Both tables are append-only.  The migrations add triggers that reject UPDATE and DELETE (and
+TRUNCATE on PostgreSQL; on SQLite also an INSERT out of order); on PostgreSQL also grant the
+gateway's role only SELECT and INSERT:
 
     GRANT SELECT, INSERT ON audit_events, audit_checkpoints TO airgate;
 
@@ -48,12 +50,18 @@ audit_checkpoints = Table(
     "audit_checkpoints",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("log_id", String(32), nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("kind", String(8), nullable=False),
     Column("first_seq", BigInteger, nullable=False),
-    Column("last_seq", BigInteger, nullable=False, unique=True),
+    Column("last_seq", BigInteger, nullable=False),  # the tree size
     Column("count", Integer, nullable=False),
-    Column("merkle_root", String(64), nullable=False),
+    Column("merkle_root", String(64), nullable=False),  # the tree root at last_seq
     Column("prev_hash", String(64), nullable=False),
     Column("ts_us", BigInteger, nullable=False),
+    Column("alg", String(24), nullable=False),
     Column("key_id", String(16), nullable=False),
     Column("signature", String(128), nullable=False),
+    Column("frontier", Text, nullable=False),  # the writer's cache: the tree's right edge
+    Index(None, "last_seq"),
 )

@@ -1,49 +1,53 @@
-"""Verify the audit log offline: the hash chain row by row, and every signed checkpoint.
+"""Verify the audit log offline: the hash chain, the signed tree heads, and every witness.
 
-One function for the compliance API and the CLI; it only reads (both tables are append-only, so
-reading checkpoints first and rows up to the largest seq then gives a consistent view while a
-writer keeps appending).
+One function for the compliance API and the CLI; it only reads.  It reads the last seq first,
+then the checkpoints, then the rows up to that seq: rows and their checkpoint commit together,
+so every row it reads is covered by a checkpoint it has read.
 
-What each check proves:
+Trust comes only from `trusted_keys` (pinned in configuration or named on the command line),
+never from a key stored next to the data; the report lists the key ids it trusted.
+
+What each finding proves (`first_bad_seq` is the lowest seq any finding points at; 0 is the log
+as a whole):
 - chain (`gap`, `prev_hash_mismatch`, `row_hash_mismatch`, `body_invalid`, `column_mismatch`):
-  the row at that seq was deleted, re-linked, edited, or its filter columns no longer match its
-  body.  Checking continues from each row's stored hash, so independent edits are each found.
-- checkpoints (`checkpoint_*`): the rows of a signed range no longer hash to the signed Merkle
-  root, the signature is invalid or from a key that is not trusted, or a checkpoint is missing
-  from the linked sequence.  This is the only evidence against an attacker who rewrote a row and
-  recomputed every hash after it; a root cannot say which row of its range changed, so such a
-  problem is reported at the range's first seq.
-
-`first_bad_seq` is the lowest seq any problem points at: everything before it is proven intact
-(by the chain, and by signed checkpoints as far as they reach).  Rows after the last checkpoint
-are protected by the chain alone (`chain_only_*`): an attacker who can write the database can
-truncate or rewrite them undetected, so checkpoint often and keep copies of checkpoints off the
-machine.  With `first_seq`/`last_seq` the range is widened to whole checkpoint ranges.
+  the row at that seq was deleted, re-linked, edited, or its filter columns no longer match.
+- checkpoints (`checkpoint_*`): the rows up to a signed size no longer hash to the signed tree
+  root, a signature is invalid or from a key that is not pinned, or the chain of checkpoints is
+  broken.  This is the evidence against an attacker who rewrote rows and recomputed the chain.
+- `unsigned_row`: a row after the last checkpoint.  The writer never leaves one (rows commit
+  with their checkpoint), so it was inserted by someone else.
+- `no_checkpoint`: nothing signed at all (an empty log, or one stripped of its checkpoints).
+- `append_only_missing`: the triggers that make the tables append-only were dropped.
+- witnesses (`witness_truncated`, `witness_diverged`, `witness_rolled_back`,
+  `witness_untrusted`): the log is shorter than a size a witness holds, its first N rows hash to
+  another root than the witnessed tree head (the tree is recomputed from the rows at every
+  witnessed size: a consistency check from each witnessed checkpoint to this log, with every
+  leaf in hand), a witness holds a later epoch, or a witnessed checkpoint was not signed by a
+  pinned key.  Checkpoints of an earlier epoch beyond where the next epoch began are reported
+  as `epoch_losses`: the loss was declared (`airgate audit init --new-epoch`) and stays visible.
+Findings about the whole log (seq 0) are named as `first_bad_seq` only when no row is.
+With `first_seq`/`last_seq` only the chain in that range and the checkpoint signatures are
+checked (`tree_checked` is false): tree heads and witnesses need every row from seq 1.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import msgspec
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from sqlalchemy import Row, func, select
+from sqlalchemy import Row, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from bundles.kms.signer import VerifyKey
+
 from .chain import GENESIS, columns, row_hash
-from .checkpoint import (
-    Checkpoint,
-    check_signature,
-    checkpoint_from_row,
-    checkpoint_hash,
-    range_root,
-    trusted_by_id,
-)
+from .checkpoint import Checkpoint, check_signature, checkpoint_from_row, checkpoint_hash
 from .event import decode_event
+from .merkle import CompactTree
 from .schema import audit_checkpoints, audit_events
 
-__all__ = ["Problem", "Reason", "VerifyReport", "verify"]
+__all__ = ["EpochLoss", "Problem", "Reason", "VerifyReport", "WitnessReport", "verify"]
 
 Reason = Literal[
     "gap",
@@ -57,160 +61,347 @@ Reason = Literal[
     "checkpoint_bad_signature",
     "checkpoint_untrusted_key",
     "checkpoint_root_mismatch",
+    "unsigned_row",
+    "no_checkpoint",
+    "no_trusted_key",
+    "append_only_missing",
+    "witness_truncated",
+    "witness_diverged",
+    "witness_rolled_back",
+    "witness_untrusted",
 ]
 _CHAIN_REASONS = frozenset(
     {"gap", "prev_hash_mismatch", "row_hash_mismatch", "body_invalid", "column_mismatch"}
 )
 _PAGE = 2000
 MAX_PROBLEMS = 1000
+_TRIGGERS = {
+    "sqlite": {
+        "audit_events_no_update",
+        "audit_events_no_delete",
+        "audit_events_in_order",
+        "audit_checkpoints_no_update",
+        "audit_checkpoints_no_delete",
+        "audit_checkpoints_in_order",
+    },
+    "postgresql": {
+        "audit_events_no_update_delete",
+        "audit_events_no_truncate",
+        "audit_checkpoints_no_update_delete",
+        "audit_checkpoints_no_truncate",
+    },
+}
 
 
 class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One finding: the seq it concerns (a checkpoint's first seq) and why."""
+    """One finding: the seq it concerns (0: the log as a whole) and why."""
 
     seq: int
     reason: Reason
     checkpoint_id: int | None = None
+    witness: str | None = None
+    witnessed_size: int | None = None
+
+
+class WitnessReport(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    checkpoints: int  # of this log
+    latest_epoch: int | None
+    latest_size: int | None
+    ok: bool
+
+
+class EpochLoss(msgspec.Struct, frozen=True, kw_only=True):
+    """A declared loss: a witnessed epoch reached `witnessed_size`, the next began at
+    `resumed_at`."""
+
+    epoch: int
+    witnessed_size: int
+    resumed_at: int
 
 
 class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool  # no problem at all
+    log_id: str | None
+    epoch: int | None
     first_seq: int | None  # the range examined (None: the log is empty)
     last_seq: int | None
     rows: int  # rows read in the range
     gaps: list[tuple[int, int]]  # missing seq ranges, inclusive
     chain_ok: bool
+    tree_checked: bool
     first_bad_seq: int | None
     reason: Reason | None  # why first_bad_seq is bad
     problems: list[Problem]  # in seq order, at most MAX_PROBLEMS
     problem_count: int
+    trusted_keys: list[str]  # the key ids signatures were checked against
     checkpoints_checked: int
     checkpoints_failed: int
     checkpoints_untrusted: int
-    chain_only_from: int | None  # first row after the last checkpoint
+    witnesses: list[WitnessReport]
+    epoch_losses: list[EpochLoss]
+    chain_only_from: int | None  # first row after the last checkpoint (always a problem)
     chain_only_rows: int
 
 
-def _earlier(found: Problem, best: Problem | None) -> bool:
-    """Lower seq first; at the same seq a row's own problem says more than its range's."""
-    if best is None or found.seq < best.seq:
-        return True
-    return (
-        found.seq == best.seq
-        and found.reason in _CHAIN_REASONS
-        and best.reason not in _CHAIN_REASONS
-    )
-
-
-class _Checker:
-    """The state of one pass over the rows in seq order."""
-
-    def __init__(self, checkpoints: list[Checkpoint], prev: str | None, first: int) -> None:
+class _Findings:
+    def __init__(self) -> None:
         self.problems: list[Problem] = []
-        self.problem_count = 0
-        self.first_bad: Problem | None = None
-        self.gaps: list[tuple[int, int]] = []
-        self.rows = 0
-        self.expected = first
-        self.prev = prev  # None: the predecessor is unknown (first row of a partial range)
-        self.checkpoints = checkpoints
-        self.cp_index = 0
-        self.cp_hashes: list[str] = []
+        self.count = 0
+        self.first_bad: Problem | None = None  # the lowest seq named
+        self.whole: Problem | None = None  # the first finding about the whole log
         self.failed_checkpoints: set[int] = set()
 
-    def problem(self, seq: int, reason: Reason, checkpoint_id: int | None = None) -> None:
-        found = Problem(seq=seq, reason=reason, checkpoint_id=checkpoint_id)
-        self.problem_count += 1
+    def add(self, seq: int, reason: Reason, **extra: Any) -> None:
+        found = Problem(seq=seq, reason=reason, **extra)
+        self.count += 1
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(found)
-        if _earlier(found, self.first_bad):
+        if seq == 0:  # about the log as a whole: reported only when no row is named
+            self.whole = self.whole or found
+        else:
+            self._first(found)
+        cp = extra.get("checkpoint_id")
+        if cp is not None and reason != "checkpoint_untrusted_key":
+            self.failed_checkpoints.add(cp)
+
+    def _first(self, found: Problem) -> None:
+        seq, reason = found.seq, found.reason
+        best = self.first_bad
+        if (
+            best is None
+            or seq < best.seq
+            or (seq == best.seq and reason in _CHAIN_REASONS and best.reason not in _CHAIN_REASONS)
+        ):
             self.first_bad = found
-        if checkpoint_id is not None and reason != "checkpoint_untrusted_key":
-            self.failed_checkpoints.add(checkpoint_id)
+
+
+_COLUMN_NAMES = ("event_id", "ts_us", "kind", "key_id", "team", "model", "outcome", "http_status")
+
+
+class _Rows:
+    """One pass over the rows in seq order: the chain, and the tree at the sizes asked for."""
+
+    def __init__(self, found: _Findings, first: int, prev: str | None, sizes: set[int]) -> None:
+        self.found = found
+        self.expected = first
+        self.prev = prev  # None: the predecessor is unknown (first row of a partial range)
+        self.tree: CompactTree | None = CompactTree() if first == 1 else None
+        self.sizes = sizes
+        self.roots: dict[int, str] = {}
+        self.rows = 0
+        self.gaps: list[tuple[int, int]] = []
+        if 0 in sizes and self.tree is not None:
+            self.roots[0] = self.tree.root().hex()
 
     def gap(self, first: int, last: int) -> None:
         if len(self.gaps) < MAX_PROBLEMS:
             self.gaps.append((first, last))
-        self.problem(first, "gap")
+        self.found.add(first, "gap")
         self.prev = None
+        self.tree = None  # the tree over a log with holes proves nothing further
 
     def row(self, row: Row[Any]) -> None:
         seq = int(row.seq)
-        self._close_checkpoints(seq)
         if seq > self.expected:
             self.gap(self.expected, seq - 1)
         self.expected = seq + 1
         self.rows += 1
         body = str(row.body).encode("utf-8")
         if self.prev is not None and row.prev_hash != self.prev:
-            self.problem(seq, "prev_hash_mismatch")
+            self.found.add(seq, "prev_hash_mismatch")
         elif row_hash(str(row.prev_hash), seq, int(row.ts_us), body) != row.row_hash:
-            self.problem(seq, "row_hash_mismatch")
+            self.found.add(seq, "row_hash_mismatch")
         else:
             try:
                 event = decode_event(body)
             except (msgspec.DecodeError, msgspec.ValidationError):
-                self.problem(seq, "body_invalid")
+                self.found.add(seq, "body_invalid")
             else:
                 stored = {name: getattr(row, name) for name in _COLUMN_NAMES}
                 if columns(event) != stored:
-                    self.problem(seq, "column_mismatch")
+                    self.found.add(seq, "column_mismatch")
         self.prev = str(row.row_hash)
-        if self.cp_index < len(self.checkpoints):
-            cp = self.checkpoints[self.cp_index]
-            if cp.first_seq <= seq <= cp.last_seq:
-                self.cp_hashes.append(str(row.row_hash))
-
-    def finish(self, last: int) -> None:
-        if self.expected <= last:
-            self.gap(self.expected, last)
-        self._close_checkpoints(None)
-
-    def _close_checkpoints(self, seq: int | None) -> None:
-        """Compare the roots of every checkpoint that ends before `seq` (all when None)."""
-        while self.cp_index < len(self.checkpoints):
-            cp = self.checkpoints[self.cp_index]
-            if seq is not None and seq <= cp.last_seq:
-                return
-            if range_root(self.cp_hashes) != cp.merkle_root:
-                self.problem(cp.first_seq, "checkpoint_root_mismatch", cp.id)
-            self.cp_hashes = []
-            self.cp_index += 1
+        if self.tree is not None:
+            self.tree.append(bytes.fromhex(self.prev))
+            if seq in self.sizes:
+                self.roots[seq] = self.tree.root().hex()
 
 
-_COLUMN_NAMES = ("event_id", "ts_us", "kind", "key_id", "team", "model", "outcome", "http_status")
-
-
-def _check_checkpoint_chain(
-    all_checkpoints: list[Checkpoint],
-    relevant: set[int],
-    trusted: Mapping[str, Ed25519PublicKey],
-    checker: _Checker,
+def _check_checkpoints(
+    checkpoints: list[Checkpoint], trusted: dict[str, VerifyKey], found: _Findings
 ) -> int:
-    """Signatures, links and contiguity; returns how many checkpoints were untrusted."""
+    """Links, ranges and signatures; returns how many checkpoints were untrusted."""
     untrusted = 0
     prev: Checkpoint | None = None
-    for cp in all_checkpoints:
-        if cp.id in relevant:
-            expected_first = prev.last_seq + 1 if prev else 1
-            expected_id = prev.id + 1 if prev else 1
-            if cp.first_seq != expected_first or cp.id != expected_id:
-                checker.problem(min(cp.first_seq, expected_first), "checkpoint_missing", cp.id)
-            elif cp.prev_hash != checkpoint_hash(prev):
-                checker.problem(cp.first_seq, "checkpoint_link_mismatch", cp.id)
-            if cp.count != cp.last_seq - cp.first_seq + 1 or cp.count < 1:
-                checker.problem(cp.first_seq, "checkpoint_range_invalid", cp.id)
-            signature = check_signature(cp, trusted)
-            if signature == "untrusted_key":
-                untrusted += 1
-                checker.problem(cp.first_seq, "checkpoint_untrusted_key", cp.id)
-            elif signature == "bad_signature":
-                checker.problem(cp.first_seq, "checkpoint_bad_signature", cp.id)
+    for cp in checkpoints:
+        at = cp.first_seq if cp.count else max(cp.size, 1)
+        first = prev.size + 1 if prev else 1
+        if cp.id != (prev.id + 1 if prev else 1) or cp.first_seq != first:
+            found.add(min(cp.first_seq, first), "checkpoint_missing", checkpoint_id=cp.id)
+        elif cp.prev_hash != checkpoint_hash(prev):
+            found.add(at, "checkpoint_link_mismatch", checkpoint_id=cp.id)
+        epoch_ok = (
+            (cp.epoch > prev.epoch if cp.kind == "epoch" else cp.epoch == prev.epoch)
+            if prev is not None
+            else True
+        )
+        if (
+            cp.count != cp.size - cp.first_seq + 1
+            or cp.count < 0
+            or not epoch_ok
+            or (prev is not None and cp.log_id != prev.log_id)
+        ):
+            found.add(at, "checkpoint_range_invalid", checkpoint_id=cp.id)
+        signature = check_signature(cp, trusted)
+        if signature == "untrusted_key":
+            untrusted += 1
+            found.add(at, "checkpoint_untrusted_key", checkpoint_id=cp.id)
+        elif signature == "bad_signature":
+            found.add(at, "checkpoint_bad_signature", checkpoint_id=cp.id)
         prev = cp
     return untrusted
 
 
-async def _read_rows(conn: AsyncConnection, first: int, last: int, checker: _Checker) -> None:
+def _check_witnesses(
+    witnessed: Sequence[tuple[str, list[Checkpoint]]],
+    checkpoints: list[Checkpoint],
+    roots: dict[int, str],
+    size: int,
+    trusted: dict[str, VerifyKey],
+    found: _Findings,
+) -> tuple[list[WitnessReport], list[EpochLoss]]:
+    log_id = checkpoints[0].log_id if checkpoints else None
+    epoch = checkpoints[-1].epoch if checkpoints else 1
+    # where each later epoch began: a witnessed checkpoint of an earlier epoch beyond it was lost
+    began = {cp.epoch: cp.size for cp in reversed(checkpoints) if cp.kind == "epoch"}
+    reports: list[WitnessReport] = []
+    losses: dict[tuple[int, int], EpochLoss] = {}
+    for name, kept in witnessed:
+        mine = [cp for cp in kept if log_id is None or cp.log_id == log_id]
+        before = found.count
+        for cp in mine:
+            where = {"witness": name, "witnessed_size": cp.size}
+            if check_signature(cp, trusted) != "ok":
+                found.add(0, "witness_untrusted", **where)
+                continue
+            if cp.epoch > epoch:
+                found.add(0, "witness_rolled_back", **where)
+                continue
+            resumed = min((s for e, s in began.items() if e > cp.epoch), default=None)
+            if resumed is not None and cp.size > resumed:
+                loss = EpochLoss(epoch=cp.epoch, witnessed_size=cp.size, resumed_at=resumed)
+                key = (cp.epoch, resumed)
+                if key not in losses or losses[key].witnessed_size < cp.size:
+                    losses[key] = loss
+                continue
+            if cp.size > size:
+                found.add(size + 1, "witness_truncated", **where)
+            elif cp.size in roots and roots[cp.size] != cp.root:
+                found.add(max(cp.size, 1), "witness_diverged", **where)
+        latest = max(mine, key=lambda c: (c.epoch, c.id), default=None)
+        reports.append(
+            WitnessReport(
+                name=name,
+                checkpoints=len(mine),
+                latest_epoch=latest.epoch if latest else None,
+                latest_size=latest.size if latest else None,
+                ok=found.count == before,
+            )
+        )
+    return reports, list(losses.values())
+
+
+async def _triggers_present(conn: AsyncConnection) -> bool:
+    dialect = conn.dialect.name
+    expected = _TRIGGERS.get(dialect)
+    if expected is None:
+        return True
+    if dialect == "sqlite":
+        query = text("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+    else:
+        query = text(
+            "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal AND tgenabled != 'D' "
+            "AND tgrelid IN ('audit_events'::regclass, 'audit_checkpoints'::regclass)"
+        )
+    names = {str(name) for name in (await conn.execute(query)).scalars()}
+    return expected <= names
+
+
+async def verify(
+    engine: AsyncEngine,
+    trusted_keys: Iterable[VerifyKey],
+    *,
+    witnesses: Sequence[tuple[str, list[Checkpoint]]] = (),
+    first_seq: int | None = None,
+    last_seq: int | None = None,
+) -> VerifyReport:
+    """Check the log (or the chain over `first_seq..last_seq`) against pinned keys and the
+    checkpoints each witness kept (name, checkpoints)."""
+    trusted = {k.key_id: k for k in trusted_keys}
+    found = _Findings()
+    if not trusted:
+        found.add(0, "no_trusted_key")
+    async with engine.connect() as conn:
+        max_seq = int((await conn.execute(select(func.max(audit_events.c.seq)))).scalar() or 0)
+        cp_rows = await conn.execute(select(audit_checkpoints).order_by(audit_checkpoints.c.id))
+        checkpoints = [checkpoint_from_row(r) for r in cp_rows.all()]
+        if not await _triggers_present(conn):
+            found.add(0, "append_only_missing")
+        size = checkpoints[-1].size if checkpoints else 0
+        top = max(max_seq, size)
+        first = max(1, first_seq or 1)
+        last = min(top, last_seq) if last_seq is not None else top
+        prev: str | None = GENESIS
+        if first > 1:
+            prev_row = await conn.execute(
+                select(audit_events.c.row_hash).where(audit_events.c.seq == first - 1)
+            )
+            prev = prev_row.scalar()
+        sizes = {cp.size for cp in checkpoints} | {c.size for _, kept in witnesses for c in kept}
+        rows = _Rows(found, first, prev, sizes)
+        if first <= last:
+            await _read(conn, first, last, rows)
+            if rows.expected <= last:
+                rows.gap(rows.expected, last)
+    if not checkpoints:
+        found.add(0, "no_checkpoint")
+    untrusted = _check_checkpoints(checkpoints, trusted, found)
+    tree_checked = first == 1 and rows.tree is not None
+    for cp in checkpoints:
+        if cp.size in rows.roots and rows.roots[cp.size] != cp.root:
+            found.add(max(cp.first_seq, 1), "checkpoint_root_mismatch", checkpoint_id=cp.id)
+    unsigned = max(0, last - max(size, first - 1))
+    if unsigned:
+        found.add(last - unsigned + 1, "unsigned_row")
+    reports, losses = _check_witnesses(witnesses, checkpoints, rows.roots, max_seq, trusted, found)
+    first_bad = found.first_bad or found.whole
+    return VerifyReport(
+        ok=found.count == 0,
+        log_id=checkpoints[-1].log_id if checkpoints else None,
+        epoch=checkpoints[-1].epoch if checkpoints else None,
+        first_seq=first if first <= last else None,
+        last_seq=last if first <= last else None,
+        rows=rows.rows,
+        gaps=rows.gaps,
+        chain_ok=not any(p.reason in _CHAIN_REASONS for p in found.problems),
+        tree_checked=tree_checked,
+        first_bad_seq=first_bad.seq if first_bad else None,
+        reason=first_bad.reason if first_bad else None,
+        problems=sorted(found.problems, key=lambda p: p.seq),
+        problem_count=found.count,
+        trusted_keys=sorted(trusted),
+        checkpoints_checked=len(checkpoints),
+        checkpoints_failed=len(found.failed_checkpoints),
+        checkpoints_untrusted=untrusted,
+        witnesses=reports,
+        epoch_losses=losses,
+        chain_only_from=last - unsigned + 1 if unsigned else None,
+        chain_only_rows=unsigned,
+    )
+
+
+async def _read(conn: AsyncConnection, first: int, last: int, rows: _Rows) -> None:
     after = first - 1
     while after < last:
         query = (
@@ -219,79 +410,9 @@ async def _read_rows(conn: AsyncConnection, first: int, last: int, checker: _Che
             .order_by(audit_events.c.seq)
             .limit(_PAGE)
         )
-        rows = (await conn.execute(query)).all()
-        if not rows:
+        page = (await conn.execute(query)).all()
+        if not page:
             break
-        for row in rows:
-            checker.row(row)
-        after = int(rows[-1].seq)
-
-
-async def verify(
-    engine: AsyncEngine,
-    trusted_keys: Iterable[Ed25519PublicKey],
-    *,
-    first_seq: int | None = None,
-    last_seq: int | None = None,
-) -> VerifyReport:
-    """Check the chain and the checkpoints over the whole log or `first_seq..last_seq`."""
-    trusted = trusted_by_id(trusted_keys)
-    async with engine.connect() as conn:
-        cp_rows = await conn.execute(select(audit_checkpoints).order_by(audit_checkpoints.c.id))
-        checkpoints = [checkpoint_from_row(r) for r in cp_rows.all()]
-        max_seq = (await conn.execute(select(func.max(audit_events.c.seq)))).scalar()
-        top = max(int(max_seq or 0), checkpoints[-1].last_seq if checkpoints else 0)
-        first = max(1, first_seq or 1)
-        last = min(top, last_seq) if last_seq is not None else top
-        for cp in checkpoints:  # widen to whole checkpoint ranges
-            if cp.first_seq <= first <= cp.last_seq:
-                first = cp.first_seq
-            if cp.first_seq <= last <= cp.last_seq:
-                last = min(cp.last_seq, top)
-        if first > last:
-            return _report(_Checker([], None, first), None, None, checkpoints, 0, 0)
-        prev: str | None = GENESIS
-        if first > 1:
-            prev_row = await conn.execute(
-                select(audit_events.c.row_hash).where(audit_events.c.seq == first - 1)
-            )
-            prev = prev_row.scalar()
-        relevant = [cp for cp in checkpoints if cp.first_seq >= first and cp.last_seq <= last]
-        checker = _Checker(relevant, prev, first)
-        untrusted = _check_checkpoint_chain(
-            checkpoints, {cp.id for cp in relevant}, trusted, checker
-        )
-        await _read_rows(conn, first, last, checker)
-        checker.finish(last)
-    return _report(checker, first, last, checkpoints, len(relevant), untrusted)
-
-
-def _report(
-    checker: _Checker,
-    first: int | None,
-    last: int | None,
-    checkpoints: list[Checkpoint],
-    checked: int,
-    untrusted: int,
-) -> VerifyReport:
-    covered = checkpoints[-1].last_seq if checkpoints else 0
-    chain_only = max(0, (last or 0) - max(covered, (first or 1) - 1))
-    problems = sorted(checker.problems, key=lambda p: p.seq)
-    first_bad = checker.first_bad
-    return VerifyReport(
-        ok=checker.problem_count == 0,
-        first_seq=first,
-        last_seq=last,
-        rows=checker.rows,
-        gaps=checker.gaps,
-        chain_ok=not any(p.reason in _CHAIN_REASONS for p in checker.problems),
-        first_bad_seq=first_bad.seq if first_bad else None,
-        reason=first_bad.reason if first_bad else None,
-        problems=problems,
-        problem_count=checker.problem_count,
-        checkpoints_checked=checked,
-        checkpoints_failed=len(checker.failed_checkpoints),
-        checkpoints_untrusted=untrusted,
-        chain_only_from=(last or 0) - chain_only + 1 if chain_only else None,
-        chain_only_rows=chain_only,
-    )
+        for row in page:
+            rows.row(row)
+        after = int(page[-1].seq)

@@ -2,26 +2,25 @@
 
 Appenders put `(event, future)` on a queue and await the future; the writer takes everything
 queued (up to `batch_max`), extends the chain head with it (`_head.py`: the next sequence
-numbers, the row hashes, any checkpoint that fell due), inserts those rows and checkpoints in ONE
-transaction, and resolves the futures only after COMMIT returned.  Whatever arrives while a
-commit runs goes into the next one: group commit, so a thousand concurrent requests cost a
-handful of fsyncs, not a thousand.
+numbers, the row hashes, the tree head), signs a checkpoint over the new tree (and one per
+`checkpoint_every` rows inside a large batch), inserts rows and checkpoints in ONE transaction,
+and resolves the futures only after COMMIT returned.  Whatever arrives while a commit runs goes
+into the next one: group commit, so a thousand concurrent requests cost a handful of fsyncs
+and signatures, not a thousand.  No row is ever stored without its signed checkpoint.
+
+Start: the head is read back and checked (`read_head`), then held against every witness
+(`opening.check_opening`): a log shorter than, diverging from, or an epoch behind what a witness
+holds does not start.  Then an `open` checkpoint ("opened at size N") is signed, stored and
+published.  `stop()` commits what is queued and signs a `close` checkpoint.  Witnesses receive
+the latest checkpoint at most every `witness_interval_s` (each one vouches for all before it),
+and the open and close ones at once.
 
 Failure: if a transaction fails, every event in it raises `AuditUnavailable` and the writer
 forgets its head; the next batch re-reads the head from the database (which also repairs the
 case where COMMIT succeeded but its answer was lost).  A conflicting `seq` (another process
-appended to the same chain) is retried on the re-read head; an `event_id` already stored fails
-that event alone (`AuditRejected`), unless the stored event is the same one (a retried
-append, or a COMMIT whose answer was lost): then it succeeds with the stored seq.
-
-Checkpoints: every `checkpoint_every` rows (exact ranges), when the oldest unchecked row has
-waited `checkpoint_interval_s`, and on `stop()`, so a cleanly stopped log has no rows protected
-by the chain alone.
-
-One writer per chain is the design (the gateway's lifespan owns it).  A second process appending
-to the same database (the CLI while a server runs) is safe, since seq conflicts are retried on
-the re-read head, but the two interleave in one chain.  Driver errors are logged by class name
-only (their messages can carry statement parameters).
+appended) is retried on the re-read head; an `event_id` already stored fails that event alone
+(`AuditRejected`), unless the stored event is the same one: then it succeeds with its seq.
+Driver errors are logged by class name only (their messages can carry statement parameters).
 """
 
 from __future__ import annotations
@@ -34,16 +33,20 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 
 import msgspec
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ._head import Head, checkpoint_tail, extend, read_head
+from bundles.kms.signer import Signer
+
+from ._head import Head, Signing, extend, read_head, seal
 from ._sqlite_batch import SqliteBatchWriter
+from .checkpoint import Checkpoint, CheckpointKind, signed
 from .errors import AuditCorrupt, AuditRejected, AuditUnavailable
 from .event import AuditEvent, encode_event
+from .opening import check_opening
 from .schema import audit_checkpoints, audit_events
+from .witness import Witness, WitnessError
 
 __all__ = ["AuditWriter", "WriterStats"]
 
@@ -53,7 +56,7 @@ _Item = tuple[AuditEvent, "asyncio.Future[int] | None"]
 
 
 class WriterStats(msgspec.Struct, kw_only=True):
-    """Counters for metrics and tests (mutated by the writer task only)."""
+    """Counters for metrics and tests (mutated by the writer's tasks only)."""
 
     appended: int = 0  # events committed
     batches: int = 0  # transactions that committed events
@@ -62,55 +65,71 @@ class WriterStats(msgspec.Struct, kw_only=True):
     failures: int = 0  # transactions that failed
     rejected: int = 0
     dropped: int = 0  # append_nowait events not queued (writer stopped or queue full)
+    published: int = 0  # checkpoints handed to every witness
+    witness_failures: int = 0
 
 
 class AuditWriter:
     """Appends events to the audit chain.  Use as `async with AuditWriter(...) as writer:` or
-    `start()` / `stop()`; `stop()` commits everything queued and writes a final checkpoint."""
+    `start()` / `stop()`; `stop()` commits everything queued and signs a close checkpoint."""
 
     def __init__(
         self,
         engine: AsyncEngine,
         *,
-        signing_key: Ed25519PrivateKey,
+        signer: Signer,
+        log_id: str,
+        witnesses: Sequence[Witness] = (),
         checkpoint_every: int = 1000,
-        checkpoint_interval_s: float = 10.0,
+        witness_interval_s: float = 1.0,
         batch_max: int = 512,
         queue_max: int = 65536,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if checkpoint_every < 1 or batch_max < 1 or queue_max < 1 or checkpoint_interval_s <= 0:
+        if checkpoint_every < 1 or batch_max < 1 or queue_max < 1 or witness_interval_s <= 0:
             raise ValueError("checkpoint_every, batch_max, queue_max and the interval must be > 0")
         self._engine = engine
-        self._key = signing_key
+        self._signer = signer
+        key = signer.verify_key
+        self.signing = Signing(log_id=log_id, alg=key.alg, key_id=key.key_id)
+        self.witnesses = tuple(witnesses)
         self._every = checkpoint_every
-        self._interval = checkpoint_interval_s
+        self._interval = witness_interval_s
         self._batch_max = batch_max
         self._clock = clock
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue(queue_max)
         self._task: asyncio.Task[None] | None = None
+        self._publisher: asyncio.Task[None] | None = None
         self._closing = False
         self._head: Head | None = None
-        self._pending_since: float | None = None  # loop time the oldest unchecked row committed
+        self._latest: Checkpoint | None = None  # the newest committed checkpoint
+        self._published: Checkpoint | None = None
+        self._dirty = asyncio.Event()
         self._sqlite: SqliteBatchWriter | None = None  # SQLite: batches in one thread hop
         self.stats = WriterStats()
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Resume the chain from the database and start the writer task.  Raises
-        `AuditUnavailable` when the database cannot be read."""
+    async def start(self, *, genesis: bool = True, check: bool = True) -> None:
+        """Check the stored log against the witnesses, sign the open checkpoint and start.
+        `genesis=False` refuses an empty log (the data directory says one existed);
+        `check=False` skips both (a new epoch, which marks its own).  Raises `AuditCorrupt`
+        (the message says what is wrong and what to do) or `AuditUnavailable`."""
         if self._task is not None:
             raise RuntimeError("the audit writer is already running")
         self._closing = False
-        self._head = await self._load_head()
+        head = await self._load_head()
+        if check:
+            await check_opening(self._engine, head, self.signing, self.witnesses, genesis=genesis)
         self._sqlite = await _sqlite_batch_writer(self._engine)
-        if self._head.pending:
-            self._pending_since = asyncio.get_running_loop().time()
+        self._head = head
+        if check:
+            await self.mark("open")
         self._task = asyncio.create_task(self._run(), name="audit-writer")
+        self._publisher = asyncio.create_task(self._publish_loop(), name="audit-witness")
 
     async def stop(self) -> None:
-        """Commit what is queued, checkpoint the tail, stop.  Idempotent."""
+        """Commit what is queued, sign the close checkpoint, publish it, stop.  Idempotent."""
         task = self._task
         if task is None:
             return
@@ -119,9 +138,17 @@ class AuditWriter:
             await self._queue.put(None)
         try:
             await task
+            if self._head is not None or await self._reload():
+                await self.mark("close")
         finally:
             self._task = None
             self._fail_queued()
+            if self._publisher is not None:
+                self._publisher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._publisher
+                self._publisher = None
+            await self._publish_latest()
             if self._sqlite is not None:
                 await self._sqlite.close()
                 self._sqlite = None
@@ -141,6 +168,10 @@ class AuditWriter:
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done() and not self._closing
+
+    @property
+    def head(self) -> Head | None:
+        return self._head
 
     # -- appending -------------------------------------------------------------------------
 
@@ -168,20 +199,39 @@ class AuditWriter:
             self.stats.dropped += 1
             _log.warning("audit queue full: event dropped (%d so far)", self.stats.dropped)
 
+    # -- marks: open, close, epoch -----------------------------------------------------------
+
+    async def mark(self, kind: CheckpointKind, *, epoch: int | None = None) -> Checkpoint:
+        """Sign and store an open/close/epoch checkpoint at the head, and publish it now
+        (a witness that cannot be written is logged, not fatal).  Outside the writer task:
+        only before `start`'s task runs or after it ended."""
+        head = self._head or await self._reload()
+        if head is None:
+            raise AuditUnavailable("the audit log is unavailable")
+        unsigned = seal(head, kind, ts_us=self._ts_us(), signing=self.signing, epoch=epoch)
+        (checkpoint,) = await self._sign([unsigned])
+        try:
+            async with self._engine.begin() as conn:
+                await conn.execute(insert(audit_checkpoints), [checkpoint.row(head.tree.stack)])
+        except Exception as exc:
+            self._head = None
+            _log.error("audit %s checkpoint failed (%s)", kind, _describe(exc))
+            raise AuditUnavailable("the audit log is unavailable") from exc
+        self._head = msgspec.structs.replace(head, checkpoint=checkpoint)
+        self.stats.checkpoints += 1
+        self._latest = checkpoint
+        await self._publish_latest()
+        return checkpoint
+
     # -- the task --------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         getter: asyncio.Future[_Item | None] | None = None
         try:
             while True:
-                if getter is None:
-                    getter = asyncio.ensure_future(self._queue.get())
-                await asyncio.wait({getter}, timeout=self._checkpoint_due_in(loop.time()))
-                if not getter.done():
-                    await self._checkpoint_pending()
-                    continue
-                first, getter = getter.result(), None
+                getter = asyncio.ensure_future(self._queue.get())
+                first = await getter
+                getter = None
                 batch: list[_Item] = []
                 stopping = first is None
                 if first is not None:
@@ -202,7 +252,6 @@ class AuditWriter:
                         self._fail(batch, asyncio.CancelledError())
                         raise
                 if stopping:
-                    await self._checkpoint_pending()
                     return
         finally:
             if getter is not None and not getter.cancel():
@@ -221,31 +270,39 @@ class AuditWriter:
             if item is not None:
                 _settle(item[1], AuditUnavailable("the audit writer stopped"))
 
-    def _checkpoint_due_in(self, now: float) -> float | None:
-        if self._head is None or not self._head.pending or self._pending_since is None:
-            return None
-        return max(0.0, self._pending_since + self._interval - now)
+    def _ts_us(self) -> int:
+        return int(self._clock() * 1_000_000)
+
+    async def _sign(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint]:
+        def sign_all() -> list[Checkpoint]:
+            return [signed(c, self._signer.sign(c.message())) for c in checkpoints]
+
+        if self._signer.local:
+            return sign_all()
+        return await asyncio.to_thread(sign_all)
 
     async def _commit(self, batch: list[_Item]) -> None:
         for attempt in range(_RETRIES):
             try:
                 head = self._head or await self._load_head()
                 self._head = head
-                rows, checkpoints, new_head = extend(
+                rows, unsigned, new_head = extend(
                     head,
                     [event for event, _ in batch],
                     every=self._every,
-                    ts_us=int(self._clock() * 1_000_000),
-                    signing_key=self._key,
+                    ts_us=self._ts_us(),
+                    signing=self.signing,
                 )
-                cp_rows = [msgspec.to_builtins(c) for c in checkpoints]
+                checkpoints = await self._sign([c for c, _ in unsigned])
+                cp_rows = [
+                    c.row(frontier) for c, (_, frontier) in zip(checkpoints, unsigned, strict=True)
+                ]
                 if self._sqlite is not None:
                     await self._sqlite.write(rows, cp_rows)
                 else:
                     async with self._engine.begin() as conn:
                         await conn.execute(insert(audit_events), rows)
-                        if cp_rows:
-                            await conn.execute(insert(audit_checkpoints), cp_rows)
+                        await conn.execute(insert(audit_checkpoints), cp_rows)
             except IntegrityError:
                 # another writer took these seq numbers, or an event_id is already stored
                 self._head = None
@@ -257,6 +314,9 @@ class AuditWriter:
                 if not batch:
                     return
                 continue
+            except AuditCorrupt as exc:
+                self._fail(batch, exc)
+                return
             except DBAPIError as exc:
                 # a pooled connection the server had closed (restart, failover): the pool is
                 # invalidated, so one retry on a fresh connection decides; a COMMIT whose answer
@@ -269,16 +329,15 @@ class AuditWriter:
             except Exception as exc:
                 self._fail(batch, exc)
                 return
+            new_head = msgspec.structs.replace(new_head, checkpoint=checkpoints[-1])
             self._committed(head, new_head, batch, len(checkpoints))
             return
         self._fail(batch, RuntimeError("the audit chain kept moving under this writer"))
 
     def _committed(self, head: Head, new_head: Head, batch: list[_Item], cps: int) -> None:
         self._head = new_head
-        if not new_head.pending:
-            self._pending_since = None
-        elif not head.pending or cps or self._pending_since is None:
-            self._pending_since = asyncio.get_running_loop().time()
+        self._latest = new_head.checkpoint
+        self._dirty.set()
         seq = head.seq
         for _, future in batch:
             seq += 1
@@ -322,26 +381,34 @@ class AuditWriter:
                 kept.append((event, future))
         return kept
 
-    async def _checkpoint_pending(self) -> None:
-        """Sign the rows after the last checkpoint, in a transaction of its own."""
-        head = self._head
-        if head is None or not head.pending:
+    # -- witnesses -------------------------------------------------------------------------
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            await self._publish_latest()
+            await asyncio.sleep(self._interval)  # at most one publication per interval
+
+    async def _publish_latest(self) -> None:
+        latest = self._latest
+        if latest is None or latest is self._published or not self.witnesses:
             return
-        checkpoint, checked = checkpoint_tail(
-            head, ts_us=int(self._clock() * 1_000_000), signing_key=self._key
-        )
+        for witness in self.witnesses:
+            try:
+                await asyncio.to_thread(witness.publish, latest)
+            except WitnessError as exc:
+                self.stats.witness_failures += 1
+                _log.error("%s", exc)  # names the witness and the error class only
+        self._published = latest
+        self.stats.published += 1
+
+    async def _reload(self) -> Head | None:
         try:
-            async with self._engine.begin() as conn:
-                await conn.execute(insert(audit_checkpoints), [msgspec.to_builtins(checkpoint)])
-        except Exception as exc:
-            self._head = None
-            self._pending_since = None
-            self.stats.failures += 1
-            _log.error("audit checkpoint failed (%s)", _describe(exc))
-            return
-        self._head = checked
-        self._pending_since = None
-        self.stats.checkpoints += 1
+            self._head = await self._load_head()
+        except (AuditCorrupt, AuditUnavailable):
+            return None
+        return self._head
 
     async def _load_head(self) -> Head:
         try:

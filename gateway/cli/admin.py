@@ -7,10 +7,11 @@ They work offline on the same database the server uses (the data dir's SQLite fi
 from __future__ import annotations
 
 import asyncio
-import json
+import getpass
 import os
 import signal
 import sys
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,9 +24,8 @@ from rich.table import Table
 
 from policies import PolicyError, lint, load_default_policy, load_policy_dir
 
-from ..access.keys import key_store
-from ..access.stack import audit_key_file
-from ..audit import AuditFilter, export, search, verify
+from ..access.keys import KeyRefused, key_admin
+from ..audit import AuditError, AuditFilter, export, search
 from ..config import Settings
 from ..db import create_db_engine, database_url
 from ..db.migrate import current_revision, head_revision, offline_sql, upgrade
@@ -66,30 +66,61 @@ DatabaseOpt = Annotated[
 # --- keys ---------------------------------------------------------------------------------
 
 
+def _os_user() -> str:
+    """Who runs this command, for the audit log: the OS user name, percent-encoded where it is
+    not printable ASCII (an audit subject has no spaces or control characters)."""
+    try:
+        name = getpass.getuser()
+    except (OSError, KeyError, ImportError):  # no login name in the environment or passwd
+        name = ""
+    return urllib.parse.quote(name, safe=_SUBJECT_SAFE)[:256] or "unknown"
+
+
+_SUBJECT_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+
+
+def _key_op(run: Callable[[], Awaitable[T]]) -> T:
+    """Run an audited key operation; a refusal or an audit failure ends the command."""
+    try:
+        return _run(run)
+    except KeyRefused as exc:
+        raise fail(str(exc), 2) from None
+    except AuditError as exc:
+        raise fail(f"the audit log cannot record this, so it was not done: {exc}") from None
+
+
 @keys_app.command("create")
 def keys_create(
     role: Annotated[str, typer.Option(help="app, auditor or admin.")],
     team: Annotated[str | None, typer.Option(help="Team the key acts for.")] = None,
+    all_teams: Annotated[
+        bool,
+        typer.Option(
+            "--all-teams", help="An auditor of every team's events (else give --team)."
+        ),
+    ] = False,
     name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
     expires_days: Annotated[int | None, typer.Option(help="Expires after N days.")] = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Create an API key and print it (this once: only an HMAC of its secret is kept)."""
-    if role not in ("app", "auditor", "admin"):
-        raise fail("--role must be app, auditor or admin", 2)
+    """Create an API key and print it (this once: only an HMAC of its secret is kept).  An
+    auditor key reads one team's audit events (--team) or every team's (--all-teams)."""
     settings = load_cli_settings(config, data_dir)
     expires = datetime.now(UTC) + timedelta(days=expires_days) if expires_days else None
 
     async def create() -> tuple[str, Any]:
-        async with key_store(settings) as store:
-            return await store.create(
-                role, team=team, name=name, expires_at=expires, created_by="airgate-cli"
+        async with key_admin(settings, _os_user()) as keys:
+            return await keys.create(
+                role, team=team, name=name, expires_at=expires, all_teams=all_teams
             )
 
-    key, record = _run(create)
+    key, record = _key_op(create)
     err.print(f"created key {record.key_id} (role {role}); it is shown this once:", markup=False)
     typer.echo(key)
+
+
+_SCOPES = {"all_teams": "all teams", "team": "its team"}
 
 
 @keys_app.command("list")
@@ -98,19 +129,29 @@ def keys_list(
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Every key's metadata (never a secret)."""
+    """Every key's metadata and audit scope (never a secret)."""
     settings = load_cli_settings(config, data_dir)
 
     async def listing() -> list[Any]:
-        async with key_store(settings) as store:
-            return await store.list()
+        async with key_admin(settings, _os_user()) as keys:
+            return await keys.list()
 
-    records = _run(listing)
+    records = _key_op(listing)
     if as_json:
         for record in records:
             typer.echo(msgspec.json.encode(record).decode())
         return
-    table = Table("key id", "role", "team", "name", "created", "expires", "revoked", "last used")
+    table = Table(
+        "key id",
+        "role",
+        "team",
+        "audit scope",
+        "name",
+        "created",
+        "expires",
+        "revoked",
+        "last used",
+    )
     for r in records:
         table.add_row(
             *(
@@ -119,6 +160,7 @@ def keys_list(
                     r.key_id,
                     r.role,
                     r.team,
+                    _SCOPES.get(r.audit_scope) if r.audit_scope else None,
                     r.name,
                     r.created_at,
                     r.expires_at,
@@ -140,11 +182,11 @@ def keys_revoke(
     settings = load_cli_settings(config, data_dir)
 
     async def revoke() -> bool:
-        async with key_store(settings) as store:
-            return await store.revoke(key_id)
+        async with key_admin(settings, _os_user()) as keys:
+            return await keys.revoke(key_id)
 
-    if not _run(revoke):
-        raise fail(f"no active key {key_id}")
+    if not _key_op(revoke):
+        raise fail("no such active key")
     out.print(f"revoked {key_id}", markup=False)
 
 
@@ -313,46 +355,6 @@ def audit_export(
     written = _run(run)
     if output:
         err.print(f"wrote {written:,} bytes to {output}", markup=False)
-
-
-@audit_app.command("verify")
-def audit_verify(
-    first_seq: Annotated[int | None, typer.Option(help="From this sequence number.")] = None,
-    last_seq: Annotated[int | None, typer.Option(help="Up to this sequence number.")] = None,
-    trusted_key: Annotated[
-        list[str] | None, typer.Option(help="Checkpoint key (ed25519:... or .pub; repeat).")
-    ] = None,
-    database: DatabaseOpt = None,
-    config: ConfigOpt = None,
-    data_dir: DataDirOpt = None,
-) -> None:
-    """Verify the hash chain and the signed checkpoints; exit 1 on any problem."""
-    from bundles import TrustedKeys
-
-    settings = load_cli_settings(config, data_dir)
-    entries = list(trusted_key or [])
-    own = audit_key_file(settings).with_name("audit-signing.key.pub")
-    if own.exists():
-        entries.append(str(own))
-    if not entries:
-        raise fail(
-            "no checkpoint key to trust: pass --trusted-key <data_dir>/keys/audit-signing.key.pub "
-            "(or --data-dir of the server that wrote the log)",
-            2,
-        )
-    keys = TrustedKeys.from_texts_or_files(entries).keys()
-
-    async def run() -> Any:
-        engine = create_db_engine(_url(settings, database))
-        try:
-            return await verify(engine, keys, first_seq=first_seq, last_seq=last_seq)
-        finally:
-            await engine.dispose()
-
-    report = _run(run)
-    typer.echo(json.dumps(msgspec.to_builtins(report), indent=2))
-    if not report.ok:
-        raise fail(f"the audit log FAILED verification at seq {report.first_bad_seq}")
 
 
 # --- db -----------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ import typer
 
 from .. import env
 from ..config import ConfigError, Settings, load_settings
+from ..db.migrate import SchemaOutdated
+from . import audit_log as _audit_log  # noqa: F401  (registers `audit verify|witness|init`)
 from .admin import audit_app, db_app, keys_app, policy_app
+from .audit_signer import audit_signer_app
 from .bundles import bundle_app, kms_app, signing_key_app
 
 __all__ = ["app", "main"]
@@ -32,6 +35,7 @@ app.add_typer(kms_app, name="kms")
 app.add_typer(keys_app, name="keys")
 app.add_typer(policy_app, name="policy")
 app.add_typer(audit_app, name="audit")
+app.add_typer(audit_signer_app, name="audit-signer")
 app.add_typer(db_app, name="db")
 
 
@@ -97,6 +101,10 @@ def serve(
     lock = _lock_data_dir(Path(settings.data_dir))
     try:
         _run(settings, allow_plaintext=insecure_plaintext_model)
+    except SchemaOutdated as exc:  # PostgreSQL is migrated only when asked to
+        raise _fail(
+            f"{exc}; or let `airgate serve` migrate it: `[audit] migrate = true`", code=2
+        ) from None
     finally:
         os.close(lock)
 
@@ -124,6 +132,7 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
             bold=True,
             err=True,
         )
+    _check_audit_log(settings)
     first_key = asyncio.run(bootstrap_admin_key(settings))
     if first_key is not None:
         typer.secho(
@@ -140,11 +149,11 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
     except BundleError as exc:
         raise _fail(f"cannot serve the configured bundles: {exc}", code=1) from None
     app_ = create_app(settings, registry=registry)
+    from ..http.server_protocol import http_protocol
+
     tls: dict[str, Any] = {}
     if (mtls := settings.auth.mtls) is not None:
         import ssl
-
-        from ..http.tls import TlsHttpProtocol
 
         # client certificates are required and verified in the handshake; the protocol
         # passes the verified certificate to the app (the ASGI TLS extension)
@@ -153,7 +162,6 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
             "ssl_keyfile": mtls.key_file,
             "ssl_ca_certs": mtls.ca_file,
             "ssl_cert_reqs": ssl.CERT_REQUIRED,
-            "http": TlsHttpProtocol,
         }
     server = uvicorn.Server(
         uvicorn.Config(
@@ -161,7 +169,8 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
             host=settings.server.host,
             port=settings.server.port,
             loop="uvloop",
-            http=tls.pop("http", "httptools"),
+            # httptools with caps on the request head's size, header count and time ([server])
+            http="httptools",
             **tls,
             lifespan="on",
             access_log=False,
@@ -179,6 +188,18 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
         raise _fail(f"could not load the models: {registry.load_error}", code=1)
     if not server.started:
         raise _fail("the server could not start (see the log above)", code=1)
+
+
+def _check_audit_log(settings: Settings) -> None:
+    """Refuse to start over a lost, truncated, rolled-back or foreign audit log (exit 2)."""
+    from ..access.audit_log import check_audit_log, has_history
+    from ..audit import AuditCorrupt
+
+    history = has_history(settings)  # before anything below creates the data dir's keys
+    try:
+        asyncio.run(check_audit_log(settings, history=history))
+    except AuditCorrupt as exc:
+        raise _fail(f"the audit log cannot be continued: {exc}", code=2) from None
 
 
 @app.command()

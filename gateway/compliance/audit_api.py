@@ -1,15 +1,19 @@
 """Compliance API: search, export and verify the audit log.  Auditor or admin role only; every
-call is itself audited (`audit.access`).
+call is itself audited (`audit.access`).  A team-scoped auditor reads only its own team's
+events (`_audit_teams` says how).
 
     GET /audit/events             filters: start, end, key_id, team, model, kind, outcome;
                                   cursor pagination (`next_cursor`)
     GET /audit/events/{event_id}
     GET /audit/export?format=jsonl|csv|ocsf   (streamed; the same filters)
-    GET /audit/verify?first_seq=&last_seq=    chain, gaps, checkpoints, first bad seq
+    GET /audit/verify?first_seq=&last_seq=    chain, gaps, checkpoints, witnesses, first bad seq
+    GET /audit/checkpoints/latest?from_size=  the latest signed tree head, with a consistency
+                                              proof from an earlier size
 """
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Any, Literal
 
@@ -19,7 +23,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 
-from ..access.auth import Principal
+from ..access.auth import Principal, audit_teams
 from ..access.stack import Security
 from ..audit import (
     AuditFilter,
@@ -31,7 +35,9 @@ from ..audit import (
     verify,
 )
 from ..audit import get as get_event
-from ..errors import InvalidRequest, NotFound
+from ..audit.proofs import latest_with_proof
+from ..audit.witness import WitnessError, collect
+from ..errors import InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
 from ..http.guards import record_access, role_required
 
 __all__ = ["compliance_router"]
@@ -44,7 +50,54 @@ def _json(payload: Any) -> Response[bytes]:
     return Response(_encode(payload), media_type="application/json")
 
 
-def _audit_filter(
+_ACTIONS = {"list_events": "audit.search", "one_event": "audit.get"}
+
+
+async def _refuse(
+    request: Request[Any, Any, Any], security: Security, principal: Principal, message: str
+) -> PermissionDenied:
+    """Audit the refusal of this call (outcome `denied`); the error to raise."""
+    await record_access(
+        security,
+        request.scope,
+        principal,
+        kind="audit.access",
+        action=_ACTIONS.get(request.route_handler.handler_name, "audit.export"),
+        outcome="denied",
+        status=403,
+        error_class=PermissionDenied.code,
+    )
+    return PermissionDenied(message)
+
+
+async def _audit_teams(
+    request: Request[Any, Any, Any],
+    security: NamedDependency[Security],
+    principal: NamedDependency[Principal],
+) -> frozenset[str] | None:
+    """The teams whose events the caller may read (None: every team; `audit_teams`).
+
+    Admins and global auditors read every team's events; any other auditor only its own
+    team's: search and export are confined to it (asking for another team is 403) and another
+    team's event is 404, as if it did not exist.  An auditor without a team that is not global
+    reads none (403).  Verify and the latest checkpoint do not ask for this: they are open to
+    every auditor, since they show counts, sequence numbers, hashes and reason codes but no
+    event, and a scoped auditor needs them to trust its own team's events (one chain runs
+    through every team's).
+    """
+    teams = audit_teams(principal)
+    if teams is not None and not teams:
+        raise await _refuse(
+            request, security, principal, "this auditor has no team and may read no events"
+        )
+    return teams
+
+
+async def _audit_filter(
+    request: Request[Any, Any, Any],
+    security: NamedDependency[Security],
+    principal: NamedDependency[Principal],
+    teams: NamedDependency[frozenset[str] | None],
     start: FromQuery[datetime | None] = None,
     end: FromQuery[datetime | None] = None,
     key_id: FromQuery[str | None] = None,
@@ -53,7 +106,15 @@ def _audit_filter(
     kind: FromQuery[EventKind | None] = None,
     outcome: FromQuery[Outcome | None] = None,
 ) -> AuditFilter:
-    """The filters search and export share, from the query string."""
+    """The filters search and export share, from the query string, confined to the caller's
+    team for a team-scoped auditor."""
+    if teams is not None:
+        if team is None and len(teams) == 1:
+            (team,) = teams
+        if team not in teams:
+            raise await _refuse(
+                request, security, principal, "this auditor may read only its own team's events"
+            )
     return AuditFilter(
         start=start, end=end, key_id=key_id, team=team, model=model, kind=kind, outcome=outcome
     )
@@ -94,9 +155,14 @@ async def one_event(
     request: Request[Any, Any, Any],
     security: NamedDependency[Security],
     principal: NamedDependency[Principal],
+    teams: NamedDependency[frozenset[str] | None],
 ) -> Response[bytes]:
-    """One audit event by id."""
+    """One audit event by id (another team's, for a team-scoped auditor: 404)."""
     record = await get_event(security.engine, event_id) if len(event_id) <= 64 else None
+    if record is not None and teams is not None:
+        who = record.event.principal
+        if who is None or who.team not in teams:
+            record = None  # not this auditor's: answered as if it did not exist
     await record_access(
         security,
         request.scope,
@@ -145,10 +211,17 @@ async def verify_log(
     first_seq: FromQuery[int | None] = None,
     last_seq: FromQuery[int | None] = None,
 ) -> Response[bytes]:
-    """Verify the hash chain and the signed checkpoints (the same function as the CLI)."""
+    """Verify the chain, the signed tree heads and the witnesses against the pinned keys (the
+    same function as the CLI)."""
+    log_id = security.audit.signing.log_id
+    try:
+        witnessed = await asyncio.to_thread(collect, security.audit.witnesses, log_id)
+    except WitnessError as exc:
+        raise ServiceUnavailable(str(exc)) from None
     report = await verify(
         security.engine,
-        [security.audit_key.public_key()],
+        security.trusted_audit_keys,
+        witnesses=witnessed,
         first_seq=first_seq,
         last_seq=last_seq,
     )
@@ -165,12 +238,43 @@ async def verify_log(
     return _json(report)
 
 
+@get("/checkpoints/latest")
+async def latest_checkpoint(
+    request: Request[Any, Any, Any],
+    security: NamedDependency[Security],
+    principal: NamedDependency[Principal],
+    from_size: FromQuery[int | None] = None,
+) -> Response[bytes]:
+    """The latest signed checkpoint and, with `from_size`, the RFC 6962 consistency proof from
+    the tree of that size to it (for a witness that keeps checkpoints, not rows)."""
+    if from_size is not None and not 0 <= from_size < 2**63:
+        raise InvalidRequest("from_size is out of range", param="from_size")
+    try:
+        proved = await latest_with_proof(security.engine, from_size)
+    except InvalidQuery as exc:
+        raise InvalidRequest(str(exc), param="from_size") from None
+    if proved is None:
+        raise NotFound("the audit log has no checkpoint yet")
+    await record_access(
+        security,
+        request.scope,
+        principal,
+        kind="audit.access",
+        action="audit.checkpoint",
+        outcome="success",
+        status=200,
+        detail={"size": proved.checkpoint.size},
+    )
+    return _json(proved)
+
+
 compliance_router = Router(
     path="/audit",
-    route_handlers=[list_events, one_event, export_events, verify_log],
+    route_handlers=[list_events, one_event, export_events, verify_log, latest_checkpoint],
     dependencies={
         "principal": role_required("audit.access", "auditor", "admin"),
-        "selection": Provide(_audit_filter, sync_to_thread=False),
+        "teams": Provide(_audit_teams),
+        "selection": Provide(_audit_filter),
     },
     include_in_schema=False,
 )

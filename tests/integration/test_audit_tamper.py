@@ -1,17 +1,16 @@
-"""Tampering with the audit log behind the gateway's back, and `verify` catching it, on SQLite and
-PostgreSQL.
+"""An insider with write access to the database and the data directory, but not to the witness
+or the pinned signing key, tampers with the audit log; verification against the pinned key and
+the witness catches every attack, on SQLite and PostgreSQL, and so does the next start.
 
-Every log here holds rows 1-35 written by the writer with a checkpoint every 10 rows (signed
-ranges 1-10, 11-20, 21-30 and, at stop, 31-35) plus rows 36-40 that a crash left without a
-checkpoint (protected by the chain alone).  The attacker has the database: the append-only
-triggers are dropped (SQLite) or disabled (PostgreSQL) first.  Tampering inside a signed range
-makes its root fail, so `first_bad_seq` is then the range's first seq (11 for row 14) and the
-row-level finding is among `problems`; in the unchecked tail the chain alone names the row.
+Every log here was written by the writer in two runs (rows 1-35, then 36-40), one event per
+commit, so each row has its own signed checkpoint; the witness directory received the open and
+close checkpoints of both runs and the first commit of each.  The attacker first drops
+(SQLite) or disables (PostgreSQL) the append-only triggers, which verification also reports.
 """
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,8 +21,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from databases import fresh_database
 from sqlalchemy import delete, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bundles.kms.signer import LocalSigner, Signer
 from gateway.audit import (
     AuditCorrupt,
     AuditEvent,
@@ -31,27 +32,29 @@ from gateway.audit import (
     AuditWriter,
     VerifyReport,
     new_event_id,
-    search,
     verify,
 )
-from gateway.audit.chain import link, row_hash
-from gateway.audit.checkpoint import checkpoint_from_row, make_checkpoint
+from gateway.audit.chain import GENESIS, link, row_hash
+from gateway.audit.checkpoint import checkpoint_from_row, signed, unsigned_checkpoint
 from gateway.audit.event import encode_event
+from gateway.audit.merkle import CompactTree
 from gateway.audit.schema import audit_checkpoints, audit_events
+from gateway.audit.witness import DirectoryWitness, collect
 from gateway.db import create_db_engine
 from gateway.db.migrate import upgrade
 
-KEY = Ed25519PrivateKey.generate()
-ATTACKER = Ed25519PrivateKey.generate()
-TRUSTED = [KEY.public_key()]
-T0 = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
+KEY = LocalSigner(Ed25519PrivateKey.generate())
+ATTACKER = LocalSigner(Ed25519PrivateKey.generate())
+TRUSTED = [KEY.verify_key]
+LOG_ID = "0123456789abcdef"
+T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 
 
 def make_event(i: int, **changes: Any) -> AuditEvent:
     fields: dict[str, Any] = {
         "event_id": new_event_id(),
         "ts": T0 + timedelta(seconds=i),
-        "kind": "inference.completed",
+        "kind": "admin.action" if i % 5 == 0 else "inference.completed",
         "outcome": "success",
         "principal": AuditPrincipal(key_id=f"k{i % 3}", team="t"),
         "model": "m",
@@ -60,6 +63,25 @@ def make_event(i: int, **changes: Any) -> AuditEvent:
     }
     fields.update(changes)
     return AuditEvent(**fields)
+
+
+class Log:
+    def __init__(self, engine: AsyncEngine, witness: DirectoryWitness) -> None:
+        self.engine = engine
+        self.witness = witness
+
+    def writer(self, signer: Signer = KEY) -> AuditWriter:
+        return AuditWriter(self.engine, signer=signer, log_id=LOG_ID, witnesses=[self.witness])
+
+    async def verify(self, keys: list[Any] | None = None) -> VerifyReport:
+        witnessed = collect([self.witness], LOG_ID)
+        return await verify(self.engine, TRUSTED if keys is None else keys, witnesses=witnessed)
+
+
+async def write(log: Log, first: int, last: int) -> None:
+    async with log.writer() as writer:
+        for i in range(first, last + 1):
+            assert await writer.append(make_event(i)) == i
 
 
 async def disable_append_only(engine: AsyncEngine) -> None:
@@ -74,38 +96,41 @@ async def disable_append_only(engine: AsyncEngine) -> None:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AsyncEngine]:
-    """A log of 40 rows (1-35 checkpointed, 36-40 chain only) open to tampering."""
+async def intact(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Log]:
+    """A verified log of 40 rows, its witness, append-only triggers still on."""
+    (tmp_path / "witness").mkdir()
     async with fresh_database(request.param, tmp_path) as url:
         await upgrade(url)
         engine = create_db_engine(url)
         try:
-            async with AuditWriter(engine, signing_key=KEY, checkpoint_every=10) as writer:
-                appends = [writer.append(make_event(i)) for i in range(1, 36)]
-                assert await asyncio.gather(*appends) == list(range(1, 36))
-            prev = (await row(engine, 35))["row_hash"]
-            tail = []
-            for seq in range(36, 41):
-                tail.append(link(prev, seq, make_event(seq)))
-                prev = tail[-1]["row_hash"]
-            async with engine.begin() as conn:
-                await conn.execute(insert(audit_events), tail)
-            report = await verify(engine, TRUSTED)
-            assert report.ok and report.rows == 40 and report.checkpoints_checked == 4
-            assert (report.chain_only_from, report.chain_only_rows) == (36, 5)
-            await disable_append_only(engine)
-            yield engine
+            log = Log(engine, DirectoryWitness(tmp_path / "witness"))
+            await write(log, 1, 35)
+            await write(log, 36, 40)
+            report = await log.verify()
+            assert report.ok, report.problems
+            assert (report.rows, report.chain_only_rows) == (40, 0)
+            assert report.trusted_keys == [KEY.verify_key.key_id]
+            sizes = sorted(cp.size for _, kept in collect([log.witness], LOG_ID) for cp in kept)
+            assert 35 in sizes and sizes[-1] == 40
+            yield log
         finally:
             await engine.dispose()
+
+
+@pytest.fixture
+async def log(intact: Log) -> Log:
+    """The same log, open to tampering."""
+    await disable_append_only(intact.engine)
+    return intact
 
 
 # -- the attacker's tools ----------------------------------------------------------------------
 
 
-async def row(engine: AsyncEngine, seq: int) -> dict[str, Any]:
+async def rows(engine: AsyncEngine) -> list[dict[str, Any]]:
     async with engine.connect() as conn:
-        found = (await conn.execute(select(audit_events).where(audit_events.c.seq == seq))).one()
-    return dict(found._mapping)
+        found = await conn.execute(select(audit_events).order_by(audit_events.c.seq))
+        return [dict(r._mapping) for r in found.all()]
 
 
 async def set_row(engine: AsyncEngine, seq: int, **values: Any) -> None:
@@ -113,66 +138,24 @@ async def set_row(engine: AsyncEngine, seq: int, **values: Any) -> None:
         await conn.execute(update(audit_events).where(audit_events.c.seq == seq).values(**values))
 
 
-async def renumber(engine: AsyncEngine, pairs: list[tuple[int, int]]) -> None:
-    """Move rows to new seq numbers (through negative ones, so the primary key never clashes)."""
-    async with engine.begin() as conn:
-        for old, _ in pairs:
-            await conn.execute(
-                update(audit_events).where(audit_events.c.seq == old).values(seq=-old)
-            )
-        for old, new in pairs:
-            await conn.execute(
-                update(audit_events).where(audit_events.c.seq == -old).values(seq=new)
-            )
-
-
 async def edit_body(engine: AsyncEngine, seq: int, **changes: Any) -> None:
     """Rewrite an event's body (and the columns copied from it) without touching hashes."""
-    stored = msgspec.json.decode((await row(engine, seq))["body"], type=AuditEvent)
-    edited = msgspec.structs.replace(stored, **changes)
+    stored = next(r for r in await rows(engine) if r["seq"] == seq)
+    edited = msgspec.structs.replace(
+        msgspec.json.decode(stored["body"], type=AuditEvent), **changes
+    )
     await set_row(engine, seq, body=encode_event(edited).decode(), model=edited.model)
 
 
-async def rehash(engine: AsyncEngine, first: int, last: int | None = None) -> None:
-    """Recompute prev_hash/row_hash of rows first..last from the stored predecessor."""
-    prev = (await row(engine, first - 1))["row_hash"]
-    async with engine.connect() as conn:
-        query = select(audit_events).where(audit_events.c.seq >= first).order_by(audit_events.c.seq)
-        rows = [dict(r._mapping) for r in (await conn.execute(query)).all()]
-    for r in rows:
-        if last is not None and r["seq"] > last:
-            break
-        new = row_hash(prev, r["seq"], r["ts_us"], r["body"].encode())
-        await set_row(engine, r["seq"], prev_hash=prev, row_hash=new)
-        prev = new
-
-
-async def resign_checkpoints(engine: AsyncEngine, from_id: int, key: Ed25519PrivateKey) -> None:
-    """Replace checkpoints from `from_id` on with ones over the current rows, signed by `key`."""
-    async with engine.begin() as conn:
-        cps = [
-            checkpoint_from_row(r)
-            for r in (
-                await conn.execute(select(audit_checkpoints).order_by(audit_checkpoints.c.id))
-            ).all()
-        ]
-        await conn.execute(delete(audit_checkpoints).where(audit_checkpoints.c.id >= from_id))
-        prev = cps[from_id - 2] if from_id > 1 else None
-        for cp in cps[from_id - 1 :]:
-            hashes = (
-                await conn.execute(
-                    select(audit_events.c.row_hash)
-                    .where(audit_events.c.seq.between(cp.first_seq, cp.last_seq))
-                    .order_by(audit_events.c.seq)
-                )
-            ).scalars()
-            prev = make_checkpoint(prev, list(hashes), ts_us=cp.ts_us, signing_key=key)
-            await conn.execute(insert(audit_checkpoints).values(**msgspec.to_builtins(prev)))
-
-
-async def edit_and_rehash_row(engine: AsyncEngine, seq: int) -> None:
-    await edit_body(engine, seq, model="other-model")
-    await rehash(engine, seq, seq)
+async def rehash_from(engine: AsyncEngine, first: int) -> None:
+    """Recompute prev_hash/row_hash from `first` on, as `gateway.audit.chain` does."""
+    prev = GENESIS
+    for r in await rows(engine):
+        if r["seq"] >= first:
+            new = row_hash(prev, r["seq"], r["ts_us"], r["body"].encode())
+            await set_row(engine, r["seq"], prev_hash=prev, row_hash=new)
+            r["row_hash"] = new
+        prev = r["row_hash"]
 
 
 async def delete_rows(engine: AsyncEngine, first: int, last: int) -> None:
@@ -180,170 +163,242 @@ async def delete_rows(engine: AsyncEngine, first: int, last: int) -> None:
         await conn.execute(delete(audit_events).where(audit_events.c.seq.between(first, last)))
 
 
-async def insert_forged(engine: AsyncEngine, seq: int) -> None:
-    """Make room at `seq` and insert a well-formed row linked to its new predecessor."""
-    async with engine.connect() as conn:
-        top = await conn.execute(select(audit_events.c.seq).order_by(audit_events.c.seq.desc()))
-        last = int(top.scalars().first() or 0)
-    await renumber(engine, [(s, s + 1) for s in range(seq, last + 1)])
-    forged = link((await row(engine, seq - 1))["row_hash"], seq, make_event(seq, model="forged"))
+async def delete_checkpoints_from_size(engine: AsyncEngine, size: int) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(delete(audit_checkpoints).where(audit_checkpoints.c.last_seq >= size))
+
+
+async def rewrite_history(
+    engine: AsyncEngine, signer: Signer, keep: Callable[[AuditEvent], bool], pad: int = 0
+) -> None:
+    """The full rewrite: drop events, renumber, re-link the chain from genesis, add `pad`
+    made-up events, and sign a fresh checkpoint chain (one per row) with `signer`."""
+    events = [msgspec.json.decode(r["body"], type=AuditEvent) for r in await rows(engine)]
+    events = [e for e in events if keep(e)]
+    events += [make_event(1000 + i) for i in range(pad)]
+    new_rows, prev = [], GENESIS
+    for seq, event in enumerate(events, start=1):
+        new_rows.append(link(prev, seq, event))
+        prev = new_rows[-1]["row_hash"]
+    tree, cps, last = CompactTree(), [], None
+    for kind_rows in [[]] + [[r] for r in new_rows]:
+        for r in kind_rows:
+            tree.append(bytes.fromhex(r["row_hash"]))
+        unsigned = unsigned_checkpoint(
+            last,
+            log_id=LOG_ID,
+            epoch=1,
+            kind="batch" if kind_rows else "open",
+            size=tree.size,
+            root=tree.root(),
+            ts_us=1,
+            alg=signer.alg,
+            key_id=signer.verify_key.key_id,
+        )
+        last = signed(unsigned, signer.sign(unsigned.message()))
+        cps.append(last.row(tree.stack))
+    async with engine.begin() as conn:
+        await conn.execute(delete(audit_events))
+        await conn.execute(delete(audit_checkpoints))
+        await conn.execute(insert(audit_events), new_rows)
+        await conn.execute(insert(audit_checkpoints), cps)
+
+
+async def forge_append(engine: AsyncEngine) -> int:
+    """A well-formed event linked after the last row (the triggers allow an INSERT)."""
+    last = (await rows(engine))[-1]
+    forged = link(last["row_hash"], last["seq"] + 1, make_event(99, action="keys.revoke"))
     async with engine.begin() as conn:
         await conn.execute(insert(audit_events).values(**forged))
+    return int(forged["seq"])
 
 
-async def recompute_chain(engine: AsyncEngine, seq: int) -> None:
-    await edit_body(engine, seq, model="other-model")
-    await rehash(engine, seq)
+def reasons(report: VerifyReport) -> set[tuple[int, str]]:
+    return {(p.seq, p.reason) for p in report.problems}
 
+
+# -- row-level tampering: the chain and the signed tree heads -----------------------------------
 
 Tamper = Callable[[AsyncEngine], Awaitable[None]]
-# name, tampering, first_bad_seq, its reason, a finding that must be among the problems
-CASES: list[tuple[str, Tamper, int, str, tuple[int, str]]] = [
-    ("edit a field",
-     lambda e: edit_body(e, 14, completion_tokens=9999),
-     14, "row_hash_mismatch", (14, "row_hash_mismatch")),
-    ("edit an indexed column only",
-     lambda e: set_row(e, 14, key_id="k9"),
-     14, "column_mismatch", (14, "column_mismatch")),
-    ("edit a field in the unchecked tail",
-     lambda e: edit_body(e, 38, completion_tokens=0),
-     38, "row_hash_mismatch", (38, "row_hash_mismatch")),
-    ("edit and re-hash a row",
-     lambda e: edit_and_rehash_row(e, 14),
-     11, "checkpoint_root_mismatch", (15, "prev_hash_mismatch")),
-    ("edit and re-hash a row in the unchecked tail",
-     lambda e: edit_and_rehash_row(e, 38),
-     39, "prev_hash_mismatch", (39, "prev_hash_mismatch")),
-    ("delete a middle row",
-     lambda e: delete_rows(e, 14, 14),
-     11, "checkpoint_root_mismatch", (14, "gap")),
-    ("delete a row in the unchecked tail",
-     lambda e: delete_rows(e, 37, 37),
-     37, "gap", (37, "gap")),
-    ("delete tail rows",
-     lambda e: delete_rows(e, 33, 40),
-     31, "checkpoint_root_mismatch", (33, "gap")),
-    ("insert a forged row",
-     lambda e: insert_forged(e, 14),
-     11, "checkpoint_root_mismatch", (15, "prev_hash_mismatch")),
-    ("insert a forged row in the unchecked tail",
-     lambda e: insert_forged(e, 38),
-     39, "prev_hash_mismatch", (39, "prev_hash_mismatch")),
-    ("swap two rows",
-     lambda e: renumber(e, [(14, 16), (16, 14)]),
-     11, "checkpoint_root_mismatch", (14, "prev_hash_mismatch")),
-    ("swap two rows in the unchecked tail",
-     lambda e: renumber(e, [(37, 39), (39, 37)]),
-     37, "prev_hash_mismatch", (37, "prev_hash_mismatch")),
-    ("recompute the whole chain",
-     lambda e: recompute_chain(e, 14),
-     11, "checkpoint_root_mismatch", (21, "checkpoint_root_mismatch")),
-    ("corrupt a body",
-     lambda e: set_row(e, 38, body="{not json"),
-     38, "row_hash_mismatch", (38, "row_hash_mismatch")),
-]  # fmt: skip
+CASES: list[tuple[str, Tamper, int, str]] = [
+    ("edit a field", lambda e: edit_body(e, 14, completion_tokens=9999), 14, "row_hash_mismatch"),
+    ("edit an indexed column", lambda e: set_row(e, 14, key_id="k9"), 14, "column_mismatch"),
+    ("delete a middle row", lambda e: delete_rows(e, 14, 14), 14, "gap"),
+]
 
 
 @pytest.mark.parametrize(
-    ("tamper", "first_bad", "reason", "finding"),
-    [pytest.param(*case[1:], id=case[0]) for case in CASES],
+    ("name", "tamper", "first_bad", "reason"), CASES, ids=[c[0] for c in CASES]
 )
-async def test_tampering_is_detected_with_the_first_bad_seq(
-    log: AsyncEngine, tamper: Tamper, first_bad: int, reason: str, finding: tuple[int, str]
+async def test_row_tampering_is_found_at_its_seq(
+    log: Log, name: str, tamper: Tamper, first_bad: int, reason: str
 ) -> None:
-    await tamper(log)
-    report = await verify(log, TRUSTED)
+    await tamper(log.engine)
+    report = await log.verify()
     assert not report.ok
-    assert (report.first_bad_seq, report.reason) == (first_bad, reason), report.problems
-    assert finding in [(p.seq, p.reason) for p in report.problems], report.problems
-    assert report.checkpoints_untrusted == 0
+    assert (report.first_bad_seq, report.reason) == (first_bad, reason), name
+    assert (0, "append_only_missing") in reasons(report)
 
 
-async def test_only_a_checkpoint_catches_a_recomputed_chain(log: AsyncEngine) -> None:
-    await recompute_chain(log, 14)
-    report = await verify(log, TRUSTED)
-    assert report.chain_ok and not report.ok
-    assert report.checkpoints_failed == 3  # 11-20, 21-30 and 31-35
-    assert [(p.seq, p.reason) for p in report.problems] == [
-        (11, "checkpoint_root_mismatch"),
-        (21, "checkpoint_root_mismatch"),
-        (31, "checkpoint_root_mismatch"),
-    ]
-
-
-async def test_a_recomputed_chain_re_signed_by_an_untrusted_key(log: AsyncEngine) -> None:
-    await recompute_chain(log, 14)
-    await resign_checkpoints(log, 2, ATTACKER)
-    report = await verify(log, TRUSTED)
-    assert report.chain_ok and not report.ok
-    assert (report.first_bad_seq, report.reason) == (11, "checkpoint_untrusted_key")
-    assert report.checkpoints_untrusted == 3 and report.checkpoints_failed == 0
-    forged_too = await verify(log, [*TRUSTED, ATTACKER.public_key()])
-    assert forged_too.ok  # trusting the attacker's key is the one thing verify cannot fix
-
-
-async def test_a_checkpoint_signed_by_a_key_not_trusted_yet(log: AsyncEngine) -> None:
-    """Key rotation: rows appended under a new key verify once that key is trusted."""
-    rotated = Ed25519PrivateKey.generate()
-    async with AuditWriter(log, signing_key=rotated, checkpoint_every=10) as writer:
-        assert await writer.append(make_event(41)) == 41
-    report = await verify(log, TRUSTED)
-    assert (report.first_bad_seq, report.reason) == (36, "checkpoint_untrusted_key")
-    assert report.checkpoints_untrusted == 1
-    assert (await verify(log, [*TRUSTED, rotated.public_key()])).ok
-
-
-async def test_removing_or_forging_a_checkpoint(log: AsyncEngine) -> None:
-    async with log.begin() as conn:
-        await conn.execute(
-            update(audit_checkpoints)
-            .where(audit_checkpoints.c.id == 3)
-            .values(merkle_root="00" * 32)
-        )
-    report = await verify(log, TRUSTED)
-    assert (report.first_bad_seq, report.reason) == (21, "checkpoint_bad_signature")
-    assert (21, "checkpoint_root_mismatch") in [(p.seq, p.reason) for p in report.problems]
-    async with log.begin() as conn:
-        await conn.execute(delete(audit_checkpoints).where(audit_checkpoints.c.id == 2))
-    report = await verify(log, TRUSTED)
-    assert (report.first_bad_seq, report.reason) == (11, "checkpoint_missing")
-
-
-async def test_truncating_the_unchecked_tail_needs_a_checkpoint_kept_elsewhere(
-    log: AsyncEngine,
+async def test_an_edit_with_the_chain_recomputed_fails_the_signed_tree_heads_and_the_witness(
+    log: Log,
 ) -> None:
-    """The documented limit: rows after the last checkpoint are protected by the chain alone,
-    so removing them from the end leaves a log that verifies; the report says how many rows
-    were only chain-protected, which is why checkpoints are frequent and written at stop."""
-    await delete_rows(log, 38, 40)
-    report = await verify(log, TRUSTED)
-    assert report.ok and report.rows == 37
-    assert (report.chain_only_from, report.chain_only_rows) == (36, 2)
+    await edit_body(log.engine, 14, model="other-model")
+    await rehash_from(log.engine, 14)
+    report = await log.verify()
+    assert report.chain_ok  # the chain alone is consistent again
+    assert (report.first_bad_seq, report.reason) == (14, "checkpoint_root_mismatch")
+    diverged = {p.witnessed_size for p in report.problems if p.reason == "witness_diverged"}
+    assert {35, 40} <= diverged  # every witnessed tree head from row 14 on
 
 
-async def test_a_partial_verify_widens_to_whole_checkpoints(log: AsyncEngine) -> None:
-    await edit_body(log, 25, completion_tokens=1)
-    clean = await verify(log, TRUSTED, first_seq=14, last_seq=16)
-    assert clean.ok and (clean.first_seq, clean.last_seq, clean.rows) == (11, 20, 10)
-    dirty = await verify(log, TRUSTED, first_seq=14, last_seq=22)
-    assert (dirty.first_seq, dirty.last_seq) == (11, 30)
-    assert (dirty.first_bad_seq, dirty.reason) == (25, "row_hash_mismatch")
-    tail = await verify(log, TRUSTED, first_seq=38)
-    assert tail.ok and (tail.first_seq, tail.last_seq, tail.chain_only_rows) == (38, 40, 3)
+async def test_rewrite_of_everything_resigned_with_a_new_key_is_untrusted(log: Log) -> None:
+    """Attack 1: drop the admin.action rows, renumber, recompute, re-sign with a new key (and
+    put that key in the data directory): verify never trusts a key it was not given."""
+    await rewrite_history(log.engine, ATTACKER, lambda e: e.kind != "admin.action")
+    report = await log.verify()
+    assert not report.ok
+    assert report.reason == "checkpoint_untrusted_key"
+    assert report.checkpoints_untrusted == report.checkpoints_checked == 33
+    truncated = {p.witnessed_size for p in report.problems if p.reason == "witness_truncated"}
+    assert {35, 40} <= truncated
+    # the attacker's key, named by the attacker, still cannot hide what the witness holds
+    both = await log.verify([KEY.verify_key, ATTACKER.verify_key])
+    assert not both.ok and "witness_truncated" in {p.reason for p in both.problems}
 
 
-async def test_search_refuses_a_body_that_no_longer_decodes(log: AsyncEngine) -> None:
-    await set_row(log, 3, body="{not json")
-    with pytest.raises(AuditCorrupt):
-        await search(log, limit=10)
+@pytest.mark.parametrize("pad", [0, 8])
+async def test_rewrite_resigned_with_the_stolen_key_is_caught_by_the_witness(
+    log: Log, pad: int
+) -> None:
+    """The laptop case: the attacker holds the signing key itself.  Only the witness shows it:
+    a shorter log (pad 0) or one padded back to its old size whose roots differ (pad 8)."""
+    await rewrite_history(log.engine, KEY, lambda e: e.kind != "admin.action", pad=pad)
+    report = await log.verify()
+    assert not report.ok
+    assert report.checkpoints_untrusted == 0 and report.checkpoints_failed == 0
+    found = {(p.reason, p.witnessed_size) for p in report.problems if p.witness}
+    if pad:
+        assert ("witness_diverged", 35) in found and ("witness_diverged", 40) in found
+    else:
+        assert ("witness_truncated", 35) in found and ("witness_truncated", 40) in found
 
 
-def _report_is_json(report: VerifyReport) -> bytes:
-    return msgspec.json.encode(report)
+async def test_truncating_the_tail_with_its_checkpoints_is_caught_and_blocks_the_restart(
+    log: Log,
+) -> None:
+    """Attack 2: delete the last rows and the checkpoints covering them."""
+    await delete_rows(log.engine, 33, 40)
+    await delete_checkpoints_from_size(log.engine, 33)
+    report = await log.verify()
+    assert report.chain_ok and report.checkpoints_failed == 0
+    assert (report.first_bad_seq, report.reason) == (33, "witness_truncated")
+    assert {p.witnessed_size for p in report.problems if p.reason == "witness_truncated"} == {
+        35,
+        36,
+        40,
+    }
+    with pytest.raises(AuditCorrupt, match=r"holds checkpoint .* at size 40.* ends at size 32"):
+        await log.writer().start()
 
 
-async def test_the_report_serialises(log: AsyncEngine) -> None:
-    await delete_rows(log, 14, 15)
-    report = await verify(log, TRUSTED)
-    decoded = msgspec.json.decode(_report_is_json(report))
-    assert decoded["gaps"] == [[14, 15]] and decoded["first_bad_seq"] == 11
+async def test_a_reset_database_does_not_start_and_fails_verification(
+    log: Log, tmp_path: Path
+) -> None:
+    """Attack 3: the database is replaced by an empty one."""
+    async with fresh_database("sqlite", tmp_path / "reset") as url:
+        (tmp_path / "reset").mkdir(exist_ok=True)
+        await upgrade(url)
+        empty = Log(create_db_engine(url), log.witness)
+        try:
+            with pytest.raises(AuditCorrupt, match="empty, but witness"):
+                await empty.writer().start()
+            report = await empty.verify()
+            assert not report.ok
+            assert {"no_checkpoint", "witness_truncated"} <= {p.reason for p in report.problems}
+            # a data directory that has its keys refuses an empty log even without a witness
+            with pytest.raises(AuditCorrupt, match="already has its keys"):
+                await AuditWriter(empty.engine, signer=KEY, log_id=LOG_ID).start(genesis=False)
+        finally:
+            await empty.engine.dispose()
+
+
+async def test_a_forged_append_is_an_unsigned_row_and_blocks_the_restart(log: Log) -> None:
+    """Attack 4: INSERT a well-formed `keys.revoke` event after the last checkpoint."""
+    seq = await forge_append(log.engine)
+    report = await log.verify()
+    assert (report.first_bad_seq, report.reason) == (seq, "unsigned_row")
+    assert report.chain_ok and (report.chain_only_from, report.chain_only_rows) == (seq, 1)
+    with pytest.raises(AuditCorrupt, match=r"ends at seq 41 .* covers 40"):
+        await log.writer().start()
+
+
+async def test_an_empty_log_and_missing_keys_never_verify(intact: Log, tmp_path: Path) -> None:
+    """Attack 5, and verification with nothing pinned."""
+    nothing = await verify(intact.engine, [])
+    assert not nothing.ok and (0, "no_trusted_key") in reasons(nothing)
+    assert nothing.trusted_keys == [] and nothing.checkpoints_untrusted == 44
+    async with fresh_database("sqlite", tmp_path / "empty") as url:
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        await upgrade(url)
+        engine = create_db_engine(url)
+        try:
+            report = await verify(engine, TRUSTED)
+            assert not report.ok and report.reason == "no_checkpoint"
+        finally:
+            await engine.dispose()
+
+
+async def test_dropped_triggers_are_reported(log: Log) -> None:
+    report = await log.verify()
+    assert not report.ok
+    assert (report.first_bad_seq, report.reason) == (0, "append_only_missing")
+
+
+async def test_sqlite_refuses_an_insert_out_of_order(tmp_path: Path) -> None:
+    """SQLite's INSERT trigger (defence in depth; PostgreSQL relies on its grants)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'audit.db'}"
+    await upgrade(url)
+    engine = create_db_engine(url)
+    try:
+        async with AuditWriter(engine, signer=KEY, log_id=LOG_ID) as writer:
+            await writer.append(make_event(1))
+        last = (await rows(engine))[-1]
+        for seq in (last["seq"] + 2, last["seq"]):
+            forged = link(last["row_hash"], seq, make_event(7))
+            with pytest.raises(IntegrityError):
+                async with engine.begin() as conn:
+                    await conn.execute(insert(audit_events).values(**forged))
+    finally:
+        await engine.dispose()
+
+
+async def test_a_declared_new_epoch_resumes_and_stays_evident(log: Log) -> None:
+    """After the truncation, `airgate audit init --new-epoch` (its core): the log starts
+    again, verifies, and names what the previous epoch's witness held that is gone."""
+    await delete_rows(log.engine, 33, 40)
+    await delete_checkpoints_from_size(log.engine, 33)
+    writer = log.writer()
+    await writer.start(check=False)
+    await writer.mark("epoch", epoch=2)
+    await writer.append(make_event(33, kind="audit.epoch", detail={"epoch": 2}))
+    await writer.stop()
+    async with log.writer() as resumed:  # the opening check passes in the new epoch
+        await resumed.append(make_event(34))
+    report = await log.verify()
+    assert report.epoch == 2 and report.rows == 34
+    assert [(x.epoch, x.witnessed_size, x.resumed_at) for x in report.epoch_losses] == [(1, 40, 32)]
+    assert {p.reason for p in report.problems} == {"append_only_missing"}
+
+
+async def test_checkpoints_are_chained_and_signed_by_the_pinned_key(intact: Log) -> None:
+    async with intact.engine.connect() as conn:
+        cps = [
+            checkpoint_from_row(r)
+            for r in (await conn.execute(select(audit_checkpoints).order_by("id"))).all()
+        ]
+    kinds = [cp.kind for cp in cps]
+    assert kinds[0] == "open" and kinds.count("open") == 2 and kinds.count("close") == 2
+    assert {cp.key_id for cp in cps} == {KEY.verify_key.key_id}
+    assert cps[-1].size == 40
+    assert all(b.prev_hash != a.prev_hash for a, b in itertools.pairwise(cps))
