@@ -14,6 +14,7 @@ witnesses saw, refuses to start (`gateway.audit.opening`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -72,12 +73,28 @@ def audit_witnesses(settings: Settings) -> Sequence[Witness]:
     return open_witnesses(settings.audit.witness_dir, settings.audit.witness_syslog)
 
 
+def _marker(settings: Settings) -> Path:
+    return Path(settings.data_dir) / "keys" / "audit-log"
+
+
 def has_history(settings: Settings) -> bool:
-    """Whether this data directory has started before (its secret pepper or its local audit
-    key exists): then an empty audit database is a lost log, not a first start."""
-    pepper = Path(settings.auth.pepper_file or default_pepper_path(settings.data_dir))
-    local_key = Path(settings.data_dir) / "keys" / "audit-signing.key"
-    return pepper.exists() or local_key.exists()
+    """Whether this data directory has had an audit log (the marker written at the log's
+    genesis): then an empty audit database is a lost log, not a first start."""
+    return _marker(settings).exists()
+
+
+def _mark_genesis(settings: Settings, log_id: str) -> None:
+    """Record in the data directory that it has a log (0600, never rewritten)."""
+    path = _marker(settings)
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(log_id + "\n")
 
 
 def _check_pinned(settings: Settings, signer: Signer) -> None:
@@ -116,6 +133,7 @@ async def open_audit_writer(
         )
         lost = await orphans(engine) if reconcile else []
         await writer.start(genesis=genesis, check=check)
+        _mark_genesis(settings, writer.signing.log_id)
         try:
             for admitted in lost:
                 await writer.append(interrupted(admitted))

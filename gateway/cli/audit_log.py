@@ -125,12 +125,15 @@ def audit_witness(
     except (ValueError, WitnessError) as exc:
         raise fail(str(exc), 2) from None
     previous = max(kept, key=lambda c: (c.epoch, c.id), default=None)
-    from_size = previous.size if previous and previous.size else None
-    if url:
-        proved = _fetch(url, os.environ.get(api_key_env, ""), from_size)
-    else:
-        settings = load_cli_settings(config, data_dir)
-        proved = _run(lambda: _local_proof(_url(settings, database), from_size))
+    settings = None if url else load_cli_settings(config, data_dir)
+
+    def fetch(from_size: int | None) -> ProvedCheckpoint:
+        if url:
+            return _fetch(url, os.environ.get(api_key_env, ""), from_size)
+        assert settings is not None
+        return _run(lambda: _local_proof(_url(settings, database), from_size))
+
+    proved = fetch(None)
     latest = proved.checkpoint
     if check_signature(latest, trusted_by_id([key])) != "ok":
         raise fail("the latest checkpoint is NOT signed by the pinned key", 1)
@@ -145,7 +148,12 @@ def audit_witness(
                     "Investigate; --accept-new-epoch keeps the new one.",
                     1,
                 )
-        elif not _consistent(previous, latest, proved):
+        elif previous.size and latest.size >= previous.size:
+            proved = fetch(previous.size)  # the proof from your size to the latest
+            latest = proved.checkpoint
+            if check_signature(latest, trusted_by_id([key])) != "ok":
+                raise fail("the latest checkpoint is NOT signed by the pinned key", 1)
+        if latest.epoch == previous.epoch and not _consistent(previous, latest, proved):
             raise fail(
                 f"INCONSISTENT: the log's tree at size {latest.size} does not extend the "
                 f"checkpoint you kept at size {previous.size}: it was truncated or rewritten",
