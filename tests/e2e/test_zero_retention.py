@@ -793,11 +793,14 @@ def run(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[R
         f"[server]\nmax_request_bytes = {MAX_BODY}\n\n"
         f'[limits]\nredis_url = "redis://{REDIS_HOST}:{REDIS_PORT}/0"\n\n'
         f"[policy]\npath = {json.dumps(str(root / 'policy.toml'))}\n\n"
-        f'[telemetry]\notlp_endpoint = "{sink.endpoint}"\n'
+        f'[telemetry]\notlp_endpoint = "{sink.endpoint}"\n\n'
+        # the checkpoint witness: a sink too (under the scanned working directory)
+        f"[audit]\nwitness_dir = {json.dumps(str(root / 'cwd' / 'witness'))}\n"
     )
     tmpdir, cwd = root / "tmpdir", root / "cwd"
     tmpdir.mkdir()
     cwd.mkdir()
+    (cwd / "witness").mkdir()
     canaries = Canaries()
     started = time.time()
     log_path = root / "server.log"
