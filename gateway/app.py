@@ -22,6 +22,8 @@ from .engines.registry import ModelRegistry
 from .engines.runtime import build_registry, start_engines, stop_engines
 from .errors import exception_handlers
 from .http.authn import AuthMiddleware, caller
+from .http.failure_audit import FailureAudit
+from .http.flood import FloodGuard
 from .http.request_log import RequestLogMiddleware, RouteTemplates
 from .pipeline import Pipeline
 from .routes import ROUTES, openapi_route, paths, public_paths
@@ -62,6 +64,7 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
     metrics.watch(lambda: _access_gauges(holder))
     inference = Pipeline(models, metrics, router, telemetry, holder)
     routes = (*ROUTES, openapi_route(_version()))
+    failures = FailureAudit(settings.auth.failure_audit_window_s)  # auth failures, aggregated
 
     @contextlib.asynccontextmanager
     async def access(_: Litestar) -> AsyncIterator[None]:
@@ -74,7 +77,8 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
             with contextlib.suppress(RuntimeError, ValueError):
                 loop.add_signal_handler(signal.SIGHUP, security.policy.reload)
             try:
-                yield
+                async with failures.flushing(security.record):  # the last totals on the way out
+                    yield
             finally:
                 holder.security = None
                 with contextlib.suppress(RuntimeError, ValueError):
@@ -119,7 +123,9 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
     )
     # Outside Litestar's router (not as route middleware): unrouted requests (404, 405) get a
     # request id and a log line too.
-    authenticated = AuthMiddleware(app.asgi_handler, holder, public_paths(routes))
+    limits = settings.auth  # failed authentications per client address, checked first
+    guard = FloodGuard(burst=limits.failure_burst, rate_per_s=limits.failure_rate_per_s)
+    authenticated = AuthMiddleware(app.asgi_handler, holder, public_paths(routes), guard, failures)
     app.asgi_handler = RequestLogMiddleware(authenticated, metrics, RouteTemplates(paths(routes)))
     return app
 

@@ -35,7 +35,8 @@ _PAGE = 2000
 
 
 async def orphans(engine: AsyncEngine) -> list[AuditEvent]:
-    """The `inference.admitted` events of the last run that have no terminal event."""
+    """The `inference.admitted` events since the last clean stop that have no terminal
+    event (a start that itself died before its reconciliation committed is covered too)."""
     async with engine.connect() as conn:
         last_kind = (
             await conn.execute(
@@ -44,14 +45,14 @@ async def orphans(engine: AsyncEngine) -> list[AuditEvent]:
         ).scalar()
         if last_kind is None or last_kind == "close":
             return []
-        opened = (
+        closed = (
             await conn.execute(
                 select(func.max(audit_checkpoints.c.last_seq)).where(
-                    audit_checkpoints.c.kind.in_(("open", "epoch"))
+                    audit_checkpoints.c.kind == "close"
                 )
             )
         ).scalar()
-        after = int(opened or 0)
+        after = int(closed or 0)
         admitted: dict[str, AuditEvent] = {}
         while True:
             rows = (

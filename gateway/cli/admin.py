@@ -95,9 +95,7 @@ def keys_create(
     team: Annotated[str | None, typer.Option(help="Team the key acts for.")] = None,
     all_teams: Annotated[
         bool,
-        typer.Option(
-            "--all-teams", help="An auditor of every team's events (else give --team)."
-        ),
+        typer.Option("--all-teams", help="An auditor of every team's events (else give --team)."),
     ] = False,
     name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
     expires_days: Annotated[int | None, typer.Option(help="Expires after N days.")] = None,

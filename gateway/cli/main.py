@@ -170,7 +170,7 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
             port=settings.server.port,
             loop="uvloop",
             # httptools with caps on the request head's size, header count and time ([server])
-            http="httptools",
+            http=http_protocol(settings.server, tls=bool(tls)),
             **tls,
             lifespan="on",
             access_log=False,

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Request, Response, Router, get
 from litestar.di import NamedDependency, Provide
-from litestar.params import FromPath, FromQuery
+from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Stream
 
 from ..access.auth import Principal, audit_teams
@@ -36,6 +36,7 @@ from ..audit import (
 )
 from ..audit import get as get_event
 from ..audit.proofs import latest_with_proof
+from ..audit.query import MAX_SEQ
 from ..audit.witness import WitnessError, collect
 from ..errors import InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
 from ..http.guards import record_access, role_required
@@ -208,11 +209,13 @@ async def verify_log(
     request: Request[Any, Any, Any],
     security: NamedDependency[Security],
     principal: NamedDependency[Principal],
-    first_seq: FromQuery[int | None] = None,
-    last_seq: FromQuery[int | None] = None,
+    first_seq: Annotated[int | None, QueryParameter(ge=1, le=MAX_SEQ)] = None,
+    last_seq: Annotated[int | None, QueryParameter(ge=1, le=MAX_SEQ)] = None,
 ) -> Response[bytes]:
     """Verify the chain, the signed tree heads and the witnesses against the pinned keys (the
     same function as the CLI)."""
+    if first_seq is not None and last_seq is not None and first_seq > last_seq:
+        raise InvalidRequest("first_seq must not be above last_seq", param="first_seq")
     log_id = security.audit.signing.log_id
     try:
         witnessed = await asyncio.to_thread(collect, security.audit.witnesses, log_id)

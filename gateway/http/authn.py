@@ -2,16 +2,20 @@
 
 An ASGI middleware (inside the request log, outside Litestar's router, so unrouted paths are
 authenticated too and nothing is revealed to anonymous callers); `access.identity` turns the
-credential into a `Principal`.  A failure is audited (`auth.failure`, the reason code, never
-the credential) and answered 401 with one fixed message.  The principal is handed to the
-handler in the ASGI scope (the one channel from a middleware to a handler); handlers read it
-once (`caller`) and pass it on explicitly.
+credential into a `Principal`.  A failure is audited (`auth.failure`, the reason code and the
+client address, never the credential) and answered 401 with one fixed message.  The principal
+is handed to the handler in the ASGI scope (the one channel from a middleware to a handler);
+handlers read it once (`caller`) and pass it on explicitly.
+
+Floods are stopped first: an address that has spent its budget of failures (`flood.py`) is
+answered 429 before its credential is looked at, unless that credential has worked here
+recently; failures and those 429s are audited in aggregate (`failure_audit.py`).
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+import re
 from typing import Any
 
 from litestar import Request
@@ -28,14 +32,17 @@ from litestar.types import (
 from ..access.auth import AuthenticationFailed, KeyStoreUnavailable, Principal
 from ..access.identity import AuthFailed, authenticate
 from ..access.stack import Security, SecurityHolder
-from ..audit import AuditEvent, AuditPrincipal, new_event_id
-from ..errors import GatewayError, ServiceUnavailable, Unauthenticated, error_body
+from ..errors import GatewayError, RateLimited, ServiceUnavailable, Unauthenticated, error_body
+from .failure_audit import FailureAudit
+from .flood import FloodGuard, retry_after_header
 from .request_log import RequestInfo
 from .tls import client_cert_pem
 
-__all__ = ["AuthMiddleware", "caller", "principal_of"]
+__all__ = ["AuthMiddleware", "caller", "client_address", "principal_of"]
 
 _log = logging.getLogger("airgate.auth")
+_NOT_ADDRESS = re.compile(r"[^A-Za-z0-9_.:@/+-]")
+FLOODED = "rate_limited_unauthenticated"  # the audit reason of a 429 from the flood guard
 
 
 def principal_of(scope: Scope) -> Principal | None:
@@ -52,11 +59,29 @@ def caller(request: Request[Any, Any, Any]) -> Principal:
     return principal
 
 
+def client_address(scope: Scope) -> str:
+    """The peer's address as the audit log keeps it (an IPv6 zone dropped; "unknown" when the
+    server knows none, e.g. a Unix socket)."""
+    client = scope.get("client")
+    host = str(client[0]).partition("%")[0] if client else ""
+    return _NOT_ADDRESS.sub("", host)[:128] or "unknown"
+
+
 class AuthMiddleware:
-    def __init__(self, app: ASGIApp, holder: SecurityHolder, public: frozenset[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        holder: SecurityHolder,
+        public: frozenset[str],
+        guard: FloodGuard,
+        failures: FailureAudit,
+    ) -> None:
         self.app = app
         self.holder = holder
         self.public = public  # the route table's public paths
+        self.guard = guard
+        self.failures = failures
+        self.clock = failures.clock  # one clock for budgets and windows (monotonic seconds)
 
     @property
     def security(self) -> Security:
@@ -76,42 +101,60 @@ class AuthMiddleware:
             if name == b"authorization":
                 authorization = value
                 break
+        cert = None if authorization else client_cert_pem(scope)  # a bearer comes first
+        credential = authorization or (cert.encode() if cert else b"")
+        address = client_address(scope)
+        now = self.clock()
+        wait = self.guard.retry_after(address, now)
+        if wait is not None and not self.guard.known(credential, now):
+            limited = RateLimited(
+                "too many failed authentication attempts from this address; retry later",
+                headers={"Retry-After": retry_after_header(wait)},
+            )
+            await self._refuse(scope, send, address, FLOODED, limited)
+            return
         try:
-            cert = None if authorization else client_cert_pem(scope)  # a bearer comes first
             principal = await authenticate(self.security, authorization, cert)
         except (AuthenticationFailed, AuthFailed) as exc:
             reason = getattr(exc, "reason", None) or type(exc).__name__
-            await self._refuse(scope, send, reason)
+            self.guard.failed(address, now)
+            self.guard.forget(credential)
+            err = Unauthenticated("authentication failed: send a valid API key as a bearer token")
+            err.headers = {"WWW-Authenticate": "Bearer"}
+            await self._refuse(scope, send, address, _code(reason), err)
             return
         except KeyStoreUnavailable:
             await _send_error(scope, send, ServiceUnavailable("the key store is unavailable"))
             return
+        self.guard.remember(credential, now)
         state = scope["state"]
         state["principal"] = principal
         _record(scope).key_id = principal.key_id
         await self.app(scope, receive, send)
 
-    async def _refuse(self, scope: Scope, send: Send, reason: str) -> None:
+    async def _refuse(
+        self, scope: Scope, send: Send, address: str, reason: str, err: GatewayError
+    ) -> None:
+        """Audit the refusal (aggregated), then answer `err`."""
         info = _record(scope)
-        event = AuditEvent(
-            event_id=new_event_id(),
-            ts=datetime.now(UTC),
-            kind="auth.failure",
-            outcome="denied",
-            request_id=info.request_id,
-            principal=AuditPrincipal(),
+        noted = self.failures.note(
+            address,
+            reason,
+            status=err.status_code,
             route=info.route,
-            http_status=401,
-            error_class=_code(reason),
+            request_id=info.request_id,
+            now=self.clock(),  # after the lookup: windows open in the order of this clock
         )
         try:
-            await self.security.record(event)
+            for event in noted.events:
+                await self.security.record(event)
         except ServiceUnavailable as exc:  # a refusal it cannot audit is not answered as one
+            if noted.opened is not None:
+                self.failures.retract(noted.opened)
             await _send_error(scope, send, exc)
             return
-        _log.info("authentication failed: %s", _code(reason))
-        err = Unauthenticated("authentication failed: send a valid API key as a bearer token")
-        err.headers = {"WWW-Authenticate": "Bearer"}
+        if noted.opened is not None:  # one log line per address and reason per window
+            _log.info("authentication refused: %s from %s", reason, address)
         await _send_error(scope, send, err)
 
 

@@ -36,6 +36,7 @@ async def record_access(
     outcome: Literal["success", "denied", "failure"],
     status: int,
     detail: dict[str, str | int] | None = None,
+    error_class: str | None = None,
 ) -> None:
     """Audit one admin or compliance access (see `Security.record`)."""
     info: RequestInfo = scope["state"]["airgate"]
@@ -49,6 +50,7 @@ async def record_access(
         action=action,
         route=info.route,
         http_status=status,
+        error_class=error_class,
         detail=detail or {},
     )
     await security.record(event)
@@ -76,6 +78,7 @@ def role_required(kind: Kind, *roles: str) -> Provide:
             outcome="denied",
             status=403,
             detail={"needs": "_or_".join(sorted(wanted))},
+            error_class=PermissionDenied.code,
         )
         raise PermissionDenied(f"this route needs the role {' or '.join(sorted(wanted))}")
 

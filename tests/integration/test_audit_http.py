@@ -3,8 +3,11 @@ cursor pagination, get by id, export (JSONL, CSV without formula injection, OCSF
 and after tampering, and the audit of every one of these calls (`audit.access`).
 
 The log is seeded through the app's own audit writer with events dated in 2020 (so time-range
-filters select exactly them); the app's own events are dated now.  Checkpoints fall every 50
-rows and never by time, so where a tampered row is reported is exact.
+filters select exactly them); the app's own events are dated now.  Seeding appends one event at a
+time, so every seeded row is its own group commit with its own signed checkpoint.  The gateway
+signs with a key file outside its data directory (`[audit.signer] key_ref`) whose public key is
+pinned in `[audit] trusted_keys`: verification trusts that setting only, never the key the
+gateway signs with.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from litestar import Litestar
 from litestar.testing import TestClient
 
 from backends.echo import EchoEngine
+from bundles.kms.signer import LocalSigner
 from gateway.access.stack import Security
 from gateway.app import create_app
 from gateway.audit import AuditEvent, AuditPrincipal, AuditWriter, new_event_id
 from gateway.audit.chain import row_hash
 from gateway.audit.export import CSV_COLUMNS
+from gateway.audit.merkle import verify_consistency
 from gateway.config import load_settings
 from gateway.engines.registry import ModelRegistry, ServedModel
 
@@ -89,6 +94,11 @@ class Gateway:
     data_dir: Path
     auditor: str
     seeded: list[AuditEvent]
+    key_id: str  # of the key that signs the gateway's checkpoints
+
+    def sql(self, query: str, *params: Any) -> list[Any]:
+        with contextlib.closing(sqlite3.connect(self.data_dir / "airgate.db")) as conn:
+            return conn.execute(query, params).fetchall()
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run `fn` (sync or async) on the app's event loop."""
@@ -120,7 +130,11 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def running_gateway(data_dir: Path, seed: int) -> Iterator[Gateway]:
+def running_gateway(data_dir: Path, seed: int, *, pin_own_key: bool = True) -> Iterator[Gateway]:
+    """The app on `data_dir`, its log seeded with `seed` events; its signing key is pinned in
+    `[audit] trusted_keys` unless `pin_own_key` is false (then nothing is)."""
+    key_file = data_dir.parent / f"{data_dir.name}-audit-signing.key"
+    signer = LocalSigner.from_file(key_file, create=True)
     settings = load_settings(
         None,
         environ={},
@@ -128,6 +142,8 @@ def running_gateway(data_dir: Path, seed: int) -> Iterator[Gateway]:
             "data_dir": str(data_dir),
             "audit.checkpoint_every": CHECKPOINT_EVERY,
             "audit.checkpoint_interval_s": 86_400,
+            "audit.signer.key_ref": str(key_file),
+            "audit.trusted_keys": [signer.verify_key.text] if pin_own_key else [],
         },
     )
     registry = ModelRegistry([ServedModel("echo", EchoEngine(context_length=512))])
@@ -141,7 +157,7 @@ def running_gateway(data_dir: Path, seed: int) -> Iterator[Gateway]:
         auditor, _ = client.blocking_portal.call(
             functools.partial(security.keys.create, "auditor", name="compliance-officer")
         )
-        yield Gateway(client, security, data_dir, auditor, events)
+        yield Gateway(client, security, data_dir, auditor, events, signer.verify_key.key_id)
 
 
 @pytest.fixture(scope="module")
@@ -386,38 +402,104 @@ def _rehash(db: Path, seq: int) -> None:
 
 
 def test_verify_is_ok_until_a_row_is_tampered_with(tmp_path: Path) -> None:
-    # rows 1-120 seeded: signed checkpoints cover 1-50 and 51-100; 101.. is chain-only
+    # rows 1-120 seeded one at a time: each committed with its own signed checkpoint
     with running_gateway(tmp_path / "data", 120) as gw:
         clean = gw.get("/audit/verify")
         assert clean.status_code == 200, clean.text
         report = clean.json()
-        assert report["ok"] is True and report["chain_ok"] is True
+        assert report["ok"] is True and report["chain_ok"] is True, report
+        assert report["tree_checked"] is True
         assert report["first_bad_seq"] is None and report["problems"] == []
-        assert report["rows"] == 120 and report["checkpoints_checked"] == 2
-        assert report["chain_only_from"] == 101
+        assert report["trusted_keys"] == [gw.key_id]
+        assert report["rows"] == 120
+        # the open checkpoint and one per seeded row (the verify call's own event came after);
+        # no row waits unsigned
+        ((stored,),) = gw.sql("SELECT COUNT(*) FROM audit_checkpoints WHERE last_seq <= 120")
+        assert report["checkpoints_checked"] == stored == 1 + 120
+        assert report["checkpoints_failed"] == report["checkpoints_untrusted"] == 0
+        assert report["chain_only_from"] is None and report["chain_only_rows"] == 0
         event = gw.assert_accessed(clean, "audit.verify")
         assert event["detail"] == {"ok": 1, "rows": 120}
 
         db = tmp_path / "data" / "airgate.db"
-        _tamper(db, 110)  # in the chain-only tail: the chain names the row itself
+        _tamper(db, 110)  # the body changes, its row hash no longer matches
         tail = gw.get("/audit/verify").json()
         assert tail["ok"] is False and tail["chain_ok"] is False
         assert (tail["first_bad_seq"], tail["reason"]) == (110, "row_hash_mismatch")
+        assert tail["checkpoints_failed"] == 0  # the tree covers row hashes, not bodies
 
-        _tamper(db, 70)  # inside a signed range: the chain still names the row
+        _tamper(db, 70)
         edited = gw.get("/audit/verify").json()
         assert (edited["first_bad_seq"], edited["reason"]) == (70, "row_hash_mismatch")
-        assert edited["checkpoints_failed"] == 0  # the root covers row hashes, not bodies
+        assert edited["checkpoints_failed"] == 0
 
-        _rehash(db, 70)  # an attacker who also fixes the row's hash: only the checkpoint knows
+        _rehash(db, 70)  # an attacker who also fixes the row's hash: only the checkpoints know
         rehashed = gw.get("/audit/verify").json()
-        assert (rehashed["first_bad_seq"], rehashed["reason"]) == (51, "checkpoint_root_mismatch")
+        # the checkpoint committed with row 70 names it exactly
+        assert (rehashed["first_bad_seq"], rehashed["reason"]) == (70, "checkpoint_root_mismatch")
         found = {(p["seq"], p["reason"]) for p in rehashed["problems"]}
         assert {(71, "prev_hash_mismatch"), (110, "row_hash_mismatch")} <= found
-        assert rehashed["checkpoints_failed"] == 1
+        # every tree head from size 70 on covers the rewritten hash: all of them fail
+        ((later,),) = gw.sql(
+            "SELECT COUNT(*) FROM audit_checkpoints WHERE last_seq BETWEEN 70 AND ?",
+            rehashed["last_seq"],
+        )
+        assert rehashed["checkpoints_failed"] == later > 50
 
         # reading the tampered row still works (the body decodes); verify is what flags it
         assert gw.get("/audit/events", limit=1000).status_code == 200
+
+
+def test_verify_trusts_only_the_pinned_keys(tmp_path: Path) -> None:
+    """A gateway with no `[audit] trusted_keys` signs as usual, but its own key is not trusted
+    for that: verify reports every checkpoint untrusted, whatever key file the data dir has."""
+    with running_gateway(tmp_path / "data", 5, pin_own_key=False) as gw:
+        resp = gw.get("/audit/verify")
+        assert resp.status_code == 200, resp.text
+        report = resp.json()
+        assert report["ok"] is False and report["chain_ok"] is True
+        # the first row a checkpoint vouches for is not vouched for by a trusted key
+        assert (report["first_bad_seq"], report["reason"]) == (1, "checkpoint_untrusted_key")
+        assert {"seq": 0, "reason": "no_trusted_key"} in report["problems"]
+        assert report["trusted_keys"] == []
+        ((stored,),) = gw.sql("SELECT COUNT(*) FROM audit_checkpoints WHERE last_seq <= 5")
+        assert report["checkpoints_checked"] == report["checkpoints_untrusted"] == stored == 6
+        assert {p["reason"] for p in report["problems"]} == {
+            "no_trusted_key",
+            "checkpoint_untrusted_key",
+        }
+        assert gw.assert_accessed(resp, "audit.verify")["detail"] == {"ok": 0, "rows": 5}
+
+
+def test_the_latest_checkpoint_comes_with_a_consistency_proof(gw: Gateway) -> None:
+    """What a witness that keeps tree heads, not rows, asks for: the latest signed checkpoint,
+    and the RFC 6962 proof that the tree it held before is a prefix of it."""
+    first = gw.get("/audit/checkpoints/latest")
+    assert first.status_code == 200, first.text
+    before = first.json()
+    assert before["from_size"] is None and before["proof"] == []
+    old = before["checkpoint"]
+    assert old["key_id"] == gw.key_id and old["size"] >= SEEDED
+    gw.assert_accessed(first, "audit.checkpoint")
+    for _ in range(3):  # the log grows (each call is audited)
+        assert gw.get("/audit/verify").status_code == 200
+    resp = gw.get("/audit/checkpoints/latest", from_size=old["size"])
+    assert resp.status_code == 200, resp.text
+    proved = resp.json()
+    new = proved["checkpoint"]
+    assert proved["from_size"] == old["size"] < new["size"]
+    assert new["id"] > old["id"]
+    proof = [bytes.fromhex(node) for node in proved["proof"]]
+    old_root, new_root = bytes.fromhex(old["root"]), bytes.fromhex(new["root"])
+    assert verify_consistency(old["size"], new["size"], old_root, new_root, proof)
+    assert not verify_consistency(old["size"], new["size"], new_root, new_root, proof)
+    ((stored_root,),) = gw.sql(
+        "SELECT merkle_root FROM audit_checkpoints WHERE id = ?", int(new["id"])
+    )
+    assert stored_root == new["root"]
+    beyond = gw.get("/audit/checkpoints/latest", from_size=new["size"] + 1000)
+    assert beyond.status_code == 400
+    assert beyond.json()["error"]["param"] == "from_size"
 
 
 def test_the_compliance_routes_answer_admins_too_and_are_audited(gw: Gateway) -> None:

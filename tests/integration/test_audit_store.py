@@ -1,6 +1,7 @@
 """The audit store on real databases: SQLite (a file in tmp) and PostgreSQL (a throwaway
 `airgate_test_<random>` database per test on 127.0.0.1:5432): migrations, the writer (durable
-appends, group commit, resume, failure), search, export and the append-only triggers."""
+appends, each committed with its signed tree head, group commit, resume, witnesses, failure),
+search, export and the append-only triggers."""
 
 from __future__ import annotations
 
@@ -24,14 +25,17 @@ from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench.audit_throughput import measure_throughput
+from bench.audit_throughput import measure
+from bundles.kms.signer import LocalSigner
 from gateway.audit import (
+    AuditCorrupt,
     AuditEvent,
     AuditFilter,
     AuditPrincipal,
     AuditRejected,
     AuditUnavailable,
     AuditWriter,
+    Checkpoint,
     InvalidCursor,
     InvalidQuery,
     export,
@@ -40,10 +44,19 @@ from gateway.audit import (
     search,
     verify,
 )
+from gateway.audit._head import read_head
 from gateway.audit.chain import GENESIS, link, row_hash
+from gateway.audit.checkpoint import (
+    check_signature,
+    checkpoint_from_row,
+    checkpoint_hash,
+    trusted_by_id,
+)
 from gateway.audit.event import ts_us
 from gateway.audit.export import CSV_COLUMNS
+from gateway.audit.merkle import merkle_root
 from gateway.audit.schema import audit_checkpoints, audit_events
+from gateway.audit.witness import DirectoryWitness, collect
 from gateway.db import create_db_engine, metadata
 from gateway.db.migrate import (
     SchemaOutdated,
@@ -54,8 +67,9 @@ from gateway.db.migrate import (
     upgrade,
 )
 
-KEY = Ed25519PrivateKey.generate()
-TRUSTED = [KEY.public_key()]
+SIGNER = LocalSigner(Ed25519PrivateKey.generate())
+TRUSTED = [SIGNER.verify_key]
+LOG_ID = "0123456789abcdef"
 T0 = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
 
 
@@ -147,9 +161,51 @@ def test_offline_sql_for_a_dba(url: str) -> None:
 # -- the writer -------------------------------------------------------------------------------
 
 
-async def test_concurrent_appends_are_gapless_durable_and_verify(engine: AsyncEngine) -> None:
+def writer_on(engine: AsyncEngine, **options: Any) -> AuditWriter:
+    return AuditWriter(engine, signer=SIGNER, log_id=LOG_ID, **options)
+
+
+async def checkpoints(engine: AsyncEngine) -> list[Checkpoint]:
+    async with engine.connect() as conn:
+        query = select(audit_checkpoints).order_by(audit_checkpoints.c.id)
+        return [checkpoint_from_row(row) for row in (await conn.execute(query)).all()]
+
+
+async def row_hashes(engine: AsyncEngine) -> list[bytes]:
+    async with engine.connect() as conn:
+        query = select(audit_events.c.row_hash).order_by(audit_events.c.seq)
+        return [bytes.fromhex(h) for h in (await conn.execute(query)).scalars()]
+
+
+def assert_signed_tree_heads(cps: list[Checkpoint], hashes: list[bytes]) -> None:
+    """Each checkpoint is the tree head over rows 1..size (recomputed from scratch), chained to
+    the one before and signed by the pinned key; the batch checkpoints cover consecutive ranges
+    and together every row; open and close add none."""
+    trusted = trusted_by_id(TRUSTED)
+    prev: Checkpoint | None = None
+    covered = 0
+    for cp in cps:
+        assert (cp.id, cp.prev_hash, cp.log_id) == (
+            prev.id + 1 if prev else 1,
+            checkpoint_hash(prev),
+            LOG_ID,
+        )
+        assert cp.root == merkle_root(hashes[: cp.size]).hex(), cp.id
+        assert check_signature(cp, trusted) == "ok", cp.id
+        if cp.kind == "batch":
+            assert cp.count > 0 and (cp.first_seq, cp.size) == (covered + 1, covered + cp.count)
+            covered = cp.size
+        else:
+            assert (cp.count, cp.size) == (0, covered), cp.id
+        prev = cp
+    assert covered == len(hashes)
+
+
+async def test_concurrent_appends_are_gapless_durable_signed_and_verify(
+    engine: AsyncEngine,
+) -> None:
     events = [make_event(i) for i in range(300)]
-    async with AuditWriter(engine, signing_key=KEY, checkpoint_every=64) as writer:
+    async with writer_on(engine, checkpoint_every=64) as writer:
 
         async def appender(k: int) -> list[int]:
             return [await writer.append(e) for e in events[k::30]]
@@ -168,10 +224,45 @@ async def test_concurrent_appends_are_gapless_durable_and_verify(engine: AsyncEn
         rec = await get(engine, e.event_id)
         assert rec is not None and rec.seq == by_id[e.event_id] and rec.event == e
     report = await verify(engine, TRUSTED)
-    assert report.ok and report.chain_ok, report
+    assert report.ok and report.chain_ok and report.tree_checked, report
     assert (report.rows, report.first_seq, report.last_seq) == (320, 1, 320)
-    assert report.checkpoints_checked == 5  # 320 = 5 x 64: nothing left for stop to sign
+    assert (report.log_id, report.epoch) == (LOG_ID, 1)
+    assert report.trusted_keys == [SIGNER.verify_key.key_id]
     assert report.chain_only_rows == 0 and report.chain_only_from is None
+    cps = await checkpoints(engine)
+    assert report.checkpoints_checked == len(cps) == writer.stats.checkpoints
+    assert (cps[0].kind, cps[-1].kind) == ("open", "close")
+    batches = [cp for cp in cps if cp.kind == "batch"]
+    assert len(batches) >= writer.stats.batches and max(cp.count for cp in batches) <= 64
+    assert_signed_tree_heads(cps, await row_hashes(engine))
+
+
+async def test_an_append_returns_only_once_a_signed_checkpoint_covers_it(
+    db_url: str, engine: AsyncEngine
+) -> None:
+    other = create_db_engine(db_url)  # what another process sees
+    trusted = trusted_by_id(TRUSTED)
+
+    async def covered(seq: int) -> None:
+        latest = (await checkpoints(other))[-1]
+        assert latest.size >= seq and latest.kind == "batch"
+        assert check_signature(latest, trusted) == "ok"
+
+    try:
+        async with writer_on(engine) as writer:
+            assert [cp.kind for cp in await checkpoints(other)] == ["open"]
+            for i in range(5):
+                await covered(await writer.append(make_event(i)))
+
+            async def one(i: int) -> None:
+                await covered(await writer.append(make_event(i)))
+
+            await asyncio.gather(*(one(i) for i in range(5, 105)))
+            head = await read_head(other)  # the rows end exactly at the last checkpoint
+            assert head.checkpoint is not None and head.seq == head.checkpoint.size == 105
+        assert (await checkpoints(other))[-1].kind == "close"
+    finally:
+        await other.dispose()
 
 
 async def test_group_commit_takes_everything_queued(engine: AsyncEngine) -> None:
@@ -182,66 +273,102 @@ async def test_group_commit_takes_everything_queued(engine: AsyncEngine) -> None
         commits += 1
 
     sa_event.listen(engine.sync_engine, "commit", on_commit)
-    async with AuditWriter(
-        engine, signing_key=KEY, batch_max=50, checkpoint_every=100_000
-    ) as writer:
+    async with writer_on(engine, batch_max=50, checkpoint_every=20) as writer:
+        opened = commits  # the open checkpoint's transaction
         seqs = await asyncio.gather(*(writer.append(make_event(i)) for i in range(200)))
         stats = writer.stats
         assert sorted(seqs) == list(range(1, 201))
         assert stats.appended == 200 and stats.max_batch == 50
         assert stats.batches == 4  # all 200 were queued before the first commit ran
-        # SQLite batches commit on the writer's own connection (one thread hop per batch)
-        assert commits == (0 if engine.dialect.name == "sqlite" else 4)
-    assert stats.checkpoints == 1  # the tail, at stop
+        # one transaction per batch for its rows and checkpoints together (SQLite commits
+        # batches on the writer's own connection: one thread hop per batch)
+        assert commits - opened == (0 if engine.dialect.name == "sqlite" else 4)
+    assert stats.checkpoints == 1 + 4 * 3 + 1  # open, 20 + 20 + 10 rows per batch, close
+    cps = await checkpoints(engine)
+    assert [(cp.kind, cp.count) for cp in cps] == [
+        ("open", 0),
+        *[("batch", 20), ("batch", 20), ("batch", 10)] * 4,
+        ("close", 0),
+    ]
+    assert len({cp.ts_us for cp in cps[1:4]}) == 1  # signed in the same commit
+    assert_signed_tree_heads(cps, await row_hashes(engine))
     assert (await verify(engine, TRUSTED)).ok
 
 
 async def test_resume_after_restart(db_url: str, engine: AsyncEngine) -> None:
-    async with AuditWriter(engine, signing_key=KEY, checkpoint_every=10) as writer:
+    async with writer_on(engine, checkpoint_every=10) as writer:
         assert [await writer.append(make_event(i)) for i in range(15)] == list(range(1, 16))
-    # a crash after a commit, before any checkpoint: rows 16-18 unchecked
-    prev = (await search(engine, limit=1000))[0][-1].row_hash
-    rows = []
-    for seq in (16, 17, 18):
-        rows.append(link(prev, seq, make_event(seq)))
-        prev = rows[-1]["row_hash"]
-    async with engine.begin() as conn:
-        await conn.execute(insert(audit_events), rows)
-    report = await verify(engine, TRUSTED)
-    assert report.ok and report.chain_only_from == 16 and report.chain_only_rows == 3
-    other = create_db_engine(db_url)  # a new process
+    first_run = await checkpoints(engine)
+    other = create_db_engine(db_url)  # a new process: the head comes from the last checkpoint
     try:
-        async with AuditWriter(other, signing_key=KEY, checkpoint_every=10) as writer:
-            assert [await writer.append(make_event(i)) for i in range(19, 26)] == list(
-                range(19, 26)
+        async with writer_on(other, checkpoint_every=10) as writer:
+            head = writer.head
+            assert head is not None and head.checkpoint is not None
+            assert (head.seq, head.tree.size, head.checkpoint.kind) == (15, 15, "open")
+            assert [await writer.append(make_event(i)) for i in range(16, 26)] == list(
+                range(16, 26)
             )
     finally:
         await other.dispose()
     report = await verify(engine, TRUSTED)
-    assert report.ok and report.rows == 25 and report.chain_only_rows == 0
-    async with engine.connect() as conn:
-        ranges = (
-            await conn.execute(
-                select(audit_checkpoints.c.first_seq, audit_checkpoints.c.last_seq).order_by(
-                    audit_checkpoints.c.id
-                )
-            )
-        ).all()
-    assert [tuple(r) for r in ranges] == [(1, 10), (11, 15), (16, 25)]
+    assert report.ok and report.rows == 25 and report.chain_only_rows == 0, report
+    cps = await checkpoints(engine)
+    assert cps[: len(first_run)] == first_run  # the first run's checkpoints, untouched
+    reopened = cps[len(first_run)]
+    assert (reopened.kind, reopened.size, reopened.prev_hash) == (
+        "open",
+        15,
+        checkpoint_hash(first_run[-1]),
+    )
+    assert [cp.kind for cp in cps].count("open") == 2
+    assert [cp.kind for cp in cps].count("close") == 2
+    # the second run's tree heads cover the first run's rows too: one tree, not two ranges
+    assert_signed_tree_heads(cps, await row_hashes(engine))
 
 
-async def test_a_checkpoint_falls_due_by_time(engine: AsyncEngine) -> None:
-    async with AuditWriter(
-        engine, signing_key=KEY, checkpoint_every=1000, checkpoint_interval_s=0.01
-    ) as writer:
-        await writer.append(make_event(1))
-        # waiting for the condition (the writer task's own timer), not for a time
-        while writer.stats.checkpoints == 0:  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
-        assert await count(engine, audit_checkpoints) == 1
-        await writer.append(make_event(2))
+async def test_rows_added_behind_the_writer_are_unsigned_and_stop_it(
+    engine: AsyncEngine,
+) -> None:
+    """Someone with write access appends well-linked rows (every hash right): the chain holds,
+    but no checkpoint signs them, so verify names them and no writer builds on them."""
+    async with writer_on(engine) as writer:
+        for i in range(3):
+            await writer.append(make_event(i))
+        assert writer.head is not None
+        prev, rows = writer.head.row_hash, []
+        for seq in (4, 5, 6):
+            rows.append(link(prev, seq, make_event(seq)))
+            prev = rows[-1]["row_hash"]
+        async with engine.begin() as conn:
+            await conn.execute(insert(audit_events), rows)
+        with pytest.raises(AuditUnavailable):  # the log moved under it: it fails closed
+            await writer.append(make_event(7))
     report = await verify(engine, TRUSTED)
-    assert report.ok and report.checkpoints_checked == 2
+    assert not report.ok and report.chain_ok and report.rows == 6
+    assert (report.first_bad_seq, report.reason) == (4, "unsigned_row")
+    assert (report.chain_only_from, report.chain_only_rows) == (4, 3)
+    assert [p.reason for p in report.problems] == ["unsigned_row"]
+    assert (await checkpoints(engine))[-1].size == 3  # no close checkpoint laundered them
+    with pytest.raises(AuditCorrupt, match="outside airgate"):
+        await writer_on(engine).start()
+
+
+async def test_witnesses_receive_the_checkpoints_and_verify_holds_the_log_to_them(
+    engine: AsyncEngine, tmp_path: Path
+) -> None:
+    (tmp_path / "witness").mkdir()
+    witness = DirectoryWitness(tmp_path / "witness")
+    async with writer_on(engine, witnesses=[witness]) as writer:
+        assert [cp.kind for cp in witness.checkpoints(LOG_ID)] == ["open"]  # at once
+        for i in range(30):
+            await writer.append(make_event(i))
+    kept = witness.checkpoints(LOG_ID)
+    stored = await checkpoints(engine)
+    assert kept[-1] == stored[-1] and kept[-1].kind == "close"  # at once, on stop
+    assert all(cp in stored for cp in kept)  # byte for byte the database's own
+    report = await verify(engine, TRUSTED, witnesses=collect([witness], LOG_ID))
+    assert report.ok, report
+    assert [(w.name, w.ok, w.latest_size) for w in report.witnesses] == [(witness.name, True, 30)]
 
 
 async def _rename(engine: AsyncEngine, old: str, new: str) -> None:
@@ -252,7 +379,7 @@ async def _rename(engine: AsyncEngine, old: str, new: str) -> None:
 async def test_append_fails_closed_while_the_table_is_gone_then_recovers(
     engine: AsyncEngine,
 ) -> None:
-    async with AuditWriter(engine, signing_key=KEY, checkpoint_every=1000) as writer:
+    async with writer_on(engine) as writer:
         assert await writer.append(make_event(1)) == 1
         await _rename(engine, "audit_events", "audit_events_away")
         results = await asyncio.gather(
@@ -263,13 +390,15 @@ async def test_append_fails_closed_while_the_table_is_gone_then_recovers(
         await _rename(engine, "audit_events_away", "audit_events")
         assert await writer.append(make_event(12)) == 2  # head re-read: no gap, no fork
     report = await verify(engine, TRUSTED)
-    assert report.ok and report.rows == 2
+    assert report.ok and report.rows == 2, report
+    # the failed batches left no checkpoint behind: open, two batches, close
+    assert [cp.kind for cp in await checkpoints(engine)] == ["open", "batch", "batch", "close"]
 
 
 async def test_duplicate_event_ids_fail_alone_and_retries_are_idempotent(
     engine: AsyncEngine,
 ) -> None:
-    async with AuditWriter(engine, signing_key=KEY) as writer:
+    async with writer_on(engine) as writer:
         first = make_event(1)
         assert await writer.append(first) == 1
         assert await writer.append(first) == 1  # the same event again: its stored seq
@@ -287,7 +416,7 @@ async def test_duplicate_event_ids_fail_alone_and_retries_are_idempotent(
 
 
 async def test_a_stopped_writer_refuses(engine: AsyncEngine) -> None:
-    writer = AuditWriter(engine, signing_key=KEY)
+    writer = writer_on(engine)
     with pytest.raises(AuditUnavailable):
         await writer.append(make_event())
     writer.append_nowait(make_event())
@@ -306,7 +435,7 @@ async def test_start_fails_when_postgresql_is_unreachable() -> None:
     eng = create_db_engine(f"postgresql+asyncpg://postgres@127.0.0.1:{port}/none")
     try:
         with pytest.raises(AuditUnavailable):
-            await AuditWriter(eng, signing_key=KEY).start()
+            await writer_on(eng).start()
     finally:
         await eng.dispose()
 
@@ -366,7 +495,7 @@ async def test_append_fails_closed_when_postgresql_goes_away_then_recovers(
         await proxy.start()
         eng = create_db_engine(url.replace(f":{PG_PORT}/", f":{proxy.port}/"))
         try:
-            async with AuditWriter(eng, signing_key=KEY, checkpoint_every=1000) as writer:
+            async with writer_on(eng) as writer:
                 assert await writer.append(make_event(1)) == 1
                 await proxy.cut()
                 for i in (2, 3):  # a dead pooled connection, then a refused connect
@@ -381,10 +510,13 @@ async def test_append_fails_closed_when_postgresql_goes_away_then_recovers(
             await proxy.cut()
 
 
-async def test_measure_throughput(engine: AsyncEngine) -> None:
-    rate = await measure_throughput(engine, 400, concurrency=40)
-    assert rate > 0
+async def test_the_throughput_benchmark_writes_a_log_that_verifies(engine: AsyncEngine) -> None:
+    result = await measure(engine, 400, concurrency=40, signer=SIGNER, checkpoint_every=64)
+    assert result.events == 400 and result.rate > 0
     assert await count(engine) == 400
+    assert result.checkpoints == await count(engine, audit_checkpoints)
+    assert result.checkpoints >= result.batches + 2  # every batch signed, plus open and close
+    assert (await verify(engine, TRUSTED)).ok
 
 
 # -- search and export ------------------------------------------------------------------------
@@ -399,7 +531,7 @@ async def populated(engine: AsyncEngine) -> list[AuditEvent]:
     for i in range(45):
         kind = kinds[i % 4]
         events.append(make_event(i, kind=kind, outcome=outcomes[kind]))
-    async with AuditWriter(engine, signing_key=KEY, checkpoint_every=16) as writer:
+    async with writer_on(engine, checkpoint_every=16) as writer:
         for e in events:
             await writer.append(e)
     return events
@@ -483,7 +615,7 @@ async def test_export_csv_is_formula_safe(engine: AsyncEngine) -> None:
         principal=AuditPrincipal(key_id="+cmd", team="-2+3", subject="=HYPERLINK(x)"),
         model="@SUM",
     )
-    async with AuditWriter(engine, signing_key=KEY) as writer:
+    async with writer_on(engine) as writer:
         await writer.append(make_event(0))
         await writer.append(hostile)
     data = (await _collect(export(engine, "csv"))).decode()
@@ -514,8 +646,8 @@ async def test_export_ocsf(engine: AsyncEngine, populated: list[AuditEvent]) -> 
 # -- append-only --------------------------------------------------------------------------------
 
 
-async def _expect_refused(engine: AsyncEngine, sql: str) -> None:
-    with pytest.raises(DBAPIError, match="append-only"):
+async def _expect_refused(engine: AsyncEngine, sql: str, why: str = "append-only") -> None:
+    with pytest.raises(DBAPIError, match=why):
         async with engine.begin() as conn:
             await conn.execute(text(sql))
 
@@ -530,3 +662,30 @@ async def test_the_tables_refuse_update_and_delete(
             await _expect_refused(engine, f"TRUNCATE {table}")
     assert await count(engine) == 45
     assert (await verify(engine, TRUSTED)).ok
+
+
+async def test_sqlite_refuses_rows_and_checkpoints_that_are_not_the_next(tmp_path: Path) -> None:
+    """Defence in depth on SQLite (PostgreSQL grants the gateway INSERT only): an INSERT whose
+    seq or checkpoint id is not the head + 1 is refused; verification stays the guarantee."""
+    async with fresh_database("sqlite", tmp_path) as url:
+        await upgrade(url)
+        eng = create_db_engine(url)
+        try:
+            async with writer_on(eng) as writer:
+                for i in range(3):
+                    await writer.append(make_event(i))
+            head = await read_head(eng)
+            assert head.checkpoint is not None
+            for seq in (head.seq + 2, 1_000_000):
+                row = link(head.row_hash, seq, make_event(seq))
+                with pytest.raises(DBAPIError, match="seq is not the head"):
+                    async with eng.begin() as conn:
+                        await conn.execute(insert(audit_events), [row])
+            later = msgspec.structs.replace(head.checkpoint, id=head.checkpoint.id + 2)
+            with pytest.raises(DBAPIError, match="id is not the head"):
+                async with eng.begin() as conn:
+                    await conn.execute(insert(audit_checkpoints), [later.row(head.tree.stack)])
+            assert await count(eng) == 3
+            assert (await verify(eng, TRUSTED)).ok
+        finally:
+            await eng.dispose()

@@ -247,8 +247,11 @@ def gw(tmp_path_factory: pytest.TempPathFactory, idp: Idp) -> Iterator[Gateway]:
     """One gateway for the tests that only add keys and events."""
     root = tmp_path_factory.mktemp("security-http")
     policy = write_policy(root / "policy" / "10-tests.toml")
+    # one audit event per failure (no aggregation window): the auth matrix reads each refused
+    # request's own event; aggregation is tested in test_auth_flood.py
+    overrides = {"policy.path": str(policy), "auth.jwt": jwt_settings(idp)}
     with running_gateway(
-        root / "data", **{"policy.path": str(policy), "auth.jwt": jwt_settings(idp)}
+        root / "data", **overrides, **{"auth.failure_audit_window_s": 0}
     ) as gateway:
         yield gateway
 

@@ -1,6 +1,7 @@
-"""The benchmarks still run: ``bundles`` and ``access`` whole in their ``--quick`` form, and
-every scenario that needs a peer or a long-running server (edge, http, vllm, structured,
-embeddings, choices, the soak) up to its set-up
+"""The benchmarks still run: ``bundles`` and ``access`` whole in their ``--quick`` form, the
+audit throughput command (``python -m bench.audit_throughput``) on SQLite, and every scenario
+that needs a peer or a long-running server (edge, http, vllm, structured, embeddings, choices,
+the soak) up to its set-up
 (``--check``: configuration, keys and command lines built and validated, nothing started).
 
 Each runs the benchmark's command line as a subprocess from the repository root, as a user
@@ -91,6 +92,32 @@ def test_bundles_quick_writes_its_tables(tmp_path: Path) -> None:
         "bundle load / plain load after a SHA-256 check",
     ]
     # --quick prints only: BENCHMARKS.md is left as it was
+    assert (ROOT / "BENCHMARKS.md").read_bytes() == benchmarks
+
+
+def test_audit_throughput_writes_its_section_only_where_told(tmp_path: Path) -> None:
+    """`python -m bench.audit_throughput` end to end on SQLite (the PostgreSQL measurement runs
+    in tests/integration/test_audit_store.py): every run's log verifies (else no section), and
+    the section goes to `--output`, never to BENCHMARKS.md."""
+    benchmarks = (ROOT / "BENCHMARKS.md").read_bytes()
+    output = tmp_path / "benchmarks.md"
+    done = _bench(
+        "bench.audit_throughput",
+        "--quick",
+        "--database",
+        "sqlite",
+        "--output",
+        str(output),
+        timeout=300,
+    )
+    # 0, or 1 when this machine misses the target; a crash leaves no section behind
+    assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stderr[-3000:]
+    section = output.read_text()
+    assert "<!-- bench:audit:start -->" in section and "<!-- bench:audit:end -->" in section
+    assert "## Audit log: events/s with a signed checkpoint per group commit" in section
+    assert _figure(section, "SQLite (WAL, synchronous=FULL)", 1) > 0
+    assert _figure(section, "SQLite (WAL, synchronous=FULL)", 3) >= 2  # open, close, batches
+    assert "PostgreSQL" not in section.split("| Database |", 1)[1]
     assert (ROOT / "BENCHMARKS.md").read_bytes() == benchmarks
 
 

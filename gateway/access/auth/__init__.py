@@ -22,17 +22,20 @@ from .errors import (
 from .jwt import DEFAULT_ALGORITHMS, JwtVerifier
 from .mtls import SubjectMap, principal_from_client_cert, ssl_context
 from .pepper import default_pepper_path, load_or_create_pepper
-from .principal import ROLES, Method, Principal, Role
+from .principal import GLOBAL_AUDITOR, GRANTS, ROLES, Grant, Method, Principal, Role, audit_teams
 from .store import ApiKeyRecord, KeyStore
 
 __all__ = [
     "DEFAULT_ALGORITHMS",
+    "GLOBAL_AUDITOR",
+    "GRANTS",
     "ROLES",
     "SCANNER_PATTERN",
     "ApiKeyRecord",
     "AuthConfigError",
     "AuthError",
     "AuthenticationFailed",
+    "Grant",
     "InvalidCertificate",
     "InvalidToken",
     "JwtVerifier",
@@ -47,6 +50,7 @@ __all__ = [
     "SubjectMap",
     "UnknownKey",
     "WrongSecret",
+    "audit_teams",
     "default_pepper_path",
     "generate_api_key",
     "load_or_create_pepper",

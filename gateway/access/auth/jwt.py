@@ -27,7 +27,7 @@ import msgspec
 from jwt import exceptions as jwt_errors
 
 from .errors import AuthConfigError, InvalidToken
-from .principal import ROLES, Principal
+from .principal import GRANTS, Principal, grant
 
 __all__ = ["DEFAULT_ALGORITHMS", "JwtVerifier"]
 
@@ -168,8 +168,10 @@ class JwtVerifier:
     The principal's key id is `jwt:<first 12 hex of SHA-256(issuer)>:<sub>`; its team is the
     `team_claim` string; its roles come from `roles_claim` (a list, or a space-separated string)
     through `role_map` (IdP role -> airgate role; unmapped values are dropped), or, without a
-    map, are the claim values that already are airgate roles.  A token may authenticate with no
-    role at all: authorisation then refuses it everything.
+    map, are the claim values that already are airgate roles.  `global_auditor` (mapped to, or
+    the claim value itself without a map) makes an auditor of every team; any other auditor
+    reads only its team claim's audit events.  A token may authenticate with no role at all:
+    authorisation then refuses it everything.
     """
 
     def __init__(
@@ -190,8 +192,8 @@ class JwtVerifier:
             raise AuthConfigError(
                 f"JWT algorithms must be a non-empty subset of {sorted(_ASYMMETRIC)}"
             )
-        if role_map is not None and not set(role_map.values()) <= ROLES:
-            raise AuthConfigError(f"JWT role_map values must be among {sorted(ROLES)}")
+        if role_map is not None and not set(role_map.values()) <= GRANTS:
+            raise AuthConfigError(f"JWT role_map values must be among {sorted(GRANTS)}")
         if not issuer or not audience:
             raise AuthConfigError("JWT issuer and audience must be set")
         self._algorithms = sorted(allowed)
@@ -261,13 +263,13 @@ class JwtVerifier:
         else:
             raise InvalidToken("bad_claim")
         if self._role_map is not None:
-            roles = frozenset(self._role_map[v] for v in values if v in self._role_map)
-        else:
-            roles = frozenset(v for v in values if v in ROLES)
+            values = [self._role_map[v] for v in values if v in self._role_map]
+        roles, all_teams = grant(values)
         return Principal(
             key_id=f"jwt:{self._issuer_hash}:{subject}",
             method="jwt",
             team=team,
             roles=roles,
             subject=subject,
+            all_teams=all_teams,
         )

@@ -11,7 +11,8 @@ The subject map is configuration, one entry per certificate or group of certific
     "CN=<common name>"          every certificate with that common name
     "OU=<organisational unit>"  every certificate with that unit            least specific
 
-each mapping to `{"team": "<team>" | absent, "roles": ["app" | "auditor" | "admin", ...]}`.
+each mapping to `{"team": "<team>" | absent, "roles": ["app" | "auditor" | "admin", ...]}`
+(or the grant `global_auditor`: an auditor of every team's audit events).
 The most specific kind that matches wins; two different entries matching at that level (two
 CNs or OUs in one subject) make the certificate ambiguous, and it is refused.
 """
@@ -29,7 +30,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
 
 from .errors import AuthConfigError, InvalidCertificate
-from .principal import Principal, Role
+from .principal import Grant, Principal, grant
 
 __all__ = ["CertificateMapping", "SubjectMap", "principal_from_client_cert", "ssl_context"]
 
@@ -41,7 +42,7 @@ class CertificateMapping(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     """What one subject-map entry grants."""
 
     team: str | None = None
-    roles: frozenset[Role] = frozenset()
+    roles: frozenset[Grant] = frozenset()
 
 
 class SubjectMap:
@@ -110,12 +111,14 @@ def principal_from_client_cert(
         mapping = _match(table.units, _names(cert, NameOID.ORGANIZATIONAL_UNIT_NAME))
     if mapping is None:
         raise InvalidCertificate("unknown_certificate")
+    roles, all_teams = grant(mapping.roles)
     return Principal(
         key_id=f"mtls:{fingerprint}",
         method="mtls",
         team=mapping.team,
-        roles=frozenset(mapping.roles),
+        roles=roles,
         subject=cert.subject.rfc4514_string()[:_MAX_SUBJECT],
+        all_teams=all_teams,
     )
 
 
