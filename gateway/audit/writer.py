@@ -138,16 +138,13 @@ class AuditWriter:
             await self._queue.put(None)
         try:
             await task
+            await self._stop_publisher()  # the close checkpoint is published in order, last
             if self._head is not None or await self._reload():
                 await self.mark("close")
         finally:
             self._task = None
             self._fail_queued()
-            if self._publisher is not None:
-                self._publisher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._publisher
-                self._publisher = None
+            await self._stop_publisher()
             await self._publish_latest()
             if self._sqlite is not None:
                 await self._sqlite.close()
@@ -389,6 +386,13 @@ class AuditWriter:
             self._dirty.clear()
             await self._publish_latest()
             await asyncio.sleep(self._interval)  # at most one publication per interval
+
+    async def _stop_publisher(self) -> None:
+        if self._publisher is not None:
+            self._publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publisher
+            self._publisher = None
 
     async def _publish_latest(self) -> None:
         latest = self._latest
