@@ -98,13 +98,15 @@ class OutputConstraint(msgspec.Struct, frozen=True):
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One sequence to generate.  Exactly one of `prompt`, `prompt_tokens`, `messages` is set.
 
-    `prompt` is raw text (special tokens in it are parsed, as the completions API expects);
+    `prompt` is raw text: control tokens spelled in it (`<start_of_turn>`) are parsed as the
+    completions API expects, or, with `parse_special` false, tokenised as plain text;
     `messages` is a conversation the engine formats with its chat template, where message
     content can never produce control tokens.
     """
 
     request_id: str
     prompt: str | None = None
+    parse_special: bool = True  # `prompt` only (the policy's raw_prompt_special_tokens)
     prompt_tokens: tuple[int, ...] | None = None
     messages: tuple[ChatMessage, ...] | None = None
     max_tokens: int | None = None  # None: up to the end of the slot's context

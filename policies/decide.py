@@ -202,6 +202,7 @@ def _decision(version: str, verdict: _Verdict, request: RequestFacts) -> Decisio
         policy_version=version,
         engine_classes=verdict.engine_classes,
         priority=rule.priority,
+        raw_prompt_special_tokens=rule.raw_prompt_special_tokens,
     )
 
 

@@ -22,6 +22,7 @@ A document is a name, an optional description and an ordered list of `[[rules]]`
     action_models = { embeddings = ["all-minilm-*"] }  # per action, in place of `models`
     audit_level = "metadata"        # or "minimal"
     priority = 0                    # engine scheduling priority: lower runs first (vLLM)
+    raw_prompt_special_tokens = true  # false: /v1/completions prompts are plain text
 
 How rules combine is defined once, in `policies.decide`: the first rule whose `teams` and
 `roles` match the principal decides, like a firewall.  A cap left out means "no cap".
@@ -102,6 +103,10 @@ class Rule(_Strict, frozen=True, kw_only=True, forbid_unknown_fields=True):
     action_models: dict[Action, tuple[Glob, ...]] = {}
     tools: bool = True  # may requests offer the model tools to call
     structured_outputs: bool = True  # may requests ask for json_object / json_schema output
+    # Whether a raw prompt (/v1/completions) may spell control tokens (`<start_of_turn>` as one
+    # token, as OpenAI-compatible servers do); false tokenises it as plain text.  Chat message
+    # content is always plain text.
+    raw_prompt_special_tokens: bool = True
     audit_level: AuditLevel = "metadata"
     # engine scheduling priority (vLLM: lower runs first; engines without priorities ignore it)
     priority: Annotated[int, Meta(ge=-1000, le=1000)] = 0
@@ -175,7 +180,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     `effective_max_tokens` is the request's max_tokens, or the rule's cap when the request gave
     none (None: no cap and none requested).  `limits` and `audit_level` are the deciding rule's
     even when the request is denied; `engine_classes` are the classes the rule lets serve this
-    principal (for the router), empty when no rule matched.
+    principal (for the router), empty when no rule matched.  `raw_prompt_special_tokens` is the
+    rule's: whether the engine parses control tokens spelled in a raw prompt.
     """
 
     allowed: bool
@@ -188,3 +194,4 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     policy_version: str
     engine_classes: frozenset[EngineClass] = frozenset()
     priority: int = 0
+    raw_prompt_special_tokens: bool = True

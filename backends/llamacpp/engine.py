@@ -212,7 +212,8 @@ class LlamaCppEngine:
                 )
             return list(request.prompt_tokens), text
         prompt = request.prompt or ""
-        return model.tokenize(prompt, add_special=True, parse_special=True), prompt
+        tokens = model.tokenize(prompt, add_special=True, parse_special=request.parse_special)
+        return tokens, prompt
 
     async def submit(self, request: GenerationRequest) -> _Handle:
         scheduler = self._scheduler

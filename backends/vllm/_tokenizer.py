@@ -3,7 +3,8 @@
 Loaded from the model directory while it exists (a decrypted bundle's directory is removed once
 the engine has loaded).  Five encodings are needed:
 
-- a completion prompt: special-token text is parsed, BOS added as the tokenizer does (once);
+- a completion prompt: special-token text is parsed (or, when the policy says so, is plain
+  text), BOS added as the tokenizer does (once);
 - chat-template text: special-token text parsed, nothing added (the template writes BOS);
 - message content: special-token text is plain text, so a user who types `<|end|>` gets those
   characters, never the control token (prompt-format injection);
@@ -77,11 +78,15 @@ class Tokenizer:
         )
         return cls(hf)
 
-    def encode_prompt(self, text: str) -> list[int]:
-        """A completion prompt: special tokens parsed, BOS added as the tokenizer does.
+    def encode_prompt(self, text: str, *, parse_special: bool = True) -> list[int]:
+        """A completion prompt: special tokens parsed (`parse_special`) or plain text, BOS added
+        as the tokenizer does.
 
-        A prompt that itself starts with the BOS text gets no second BOS.
+        A prompt that itself starts with the BOS text gets no second BOS (when parsed).
         """
+        if not parse_special:
+            plain: list[int] = self._plain_first.encode(text, add_special_tokens=True).ids
+            return plain
         ids: list[int] = self._special_first.encode(text, add_special_tokens=True).ids
         if self._adds_bos and ids[1:2] == [self.bos_id]:
             del ids[0]

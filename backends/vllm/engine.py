@@ -190,7 +190,7 @@ class VllmEngine:
             ids = list(request.prompt_tokens)
             return ids, tok.decode(ids) if request.echo_prompt else None
         prompt = request.prompt or ""
-        return tok.encode_prompt(prompt), prompt
+        return tok.encode_prompt(prompt, parse_special=request.parse_special), prompt
 
     async def submit(self, request: GenerationRequest) -> Handle:
         llm = self._llm

@@ -21,9 +21,10 @@ from .errors import AuditCorrupt, InvalidCursor, InvalidQuery
 from .event import AuditRecord, EventKind, Outcome, decode_event, ts_us
 from .schema import audit_events
 
-__all__ = ["MAX_PAGE", "AuditFilter", "get", "page", "record", "rows", "search"]
+__all__ = ["MAX_PAGE", "MAX_SEQ", "AuditFilter", "get", "page", "record", "rows", "search"]
 
 MAX_PAGE = 1000
+MAX_SEQ = 2**63 - 1  # the seq column is a signed 64-bit integer (SQLite and PostgreSQL)
 _CURSOR_PREFIX = b"seq:"
 
 
@@ -73,8 +74,11 @@ def decode_cursor(cursor: str) -> int:
     except (binascii.Error, ValueError):
         raise InvalidCursor("the cursor is not one this server issued") from None
     digits = raw.removeprefix(_CURSOR_PREFIX)
+    # A seq the column cannot hold would overflow the database driver (a 500), not select.
     if digits.isdigit() and len(digits) <= 19 and encode_cursor(int(digits)) == cursor:
-        return int(digits)
+        seq = int(digits)
+        if 1 <= seq <= MAX_SEQ:
+            return seq
     raise InvalidCursor("the cursor is not one this server issued")
 
 

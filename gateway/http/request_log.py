@@ -3,6 +3,12 @@
 An ASGI middleware (not Litestar's logging middleware, which logs bodies by default): it assigns
 the request id, times the whole exchange including a streamed body, and logs metadata only —
 never a body, a header value or a query string.
+
+The request id is always the server's (`x-request-id` on the response): it names the log line,
+the audit events and the completion, so a client must not choose it (to write its own tokens
+to disk, or to make two requests share an id).  A client's own `x-request-id`, when it is a
+plain token, is only echoed back as `x-client-request-id`, for its own correlation; it is never
+logged or audited.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from ..telemetry.metrics import Metrics
 __all__ = ["RequestInfo", "RequestLogMiddleware", "RouteTemplates", "request_info"]
 
 _log = logging.getLogger("airgate.request")
-_VALID_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")
+_CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}\Z")
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 
 
@@ -86,17 +92,20 @@ class RequestLogMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        request_id = _request_id(scope)
+        request_id = random_hex(12)
         info = RequestInfo(request_id, self.route_of(scope.get("path", "")), start)
         scope.setdefault("state", {})["airgate"] = info
         status = 500
-        header = (b"x-request-id", request_id.encode())
+        headers = [(b"x-request-id", request_id.encode())]
+        client_id = _client_request_id(scope)
+        if client_id is not None:
+            headers.append((b"x-client-request-id", client_id))
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", ()), header]
+                message["headers"] = [*message.get("headers", ()), *headers]
             await send(message)
 
         try:
@@ -136,8 +145,9 @@ class RequestLogMiddleware:
         _log.info("request", extra={"fields": fields})
 
 
-def _request_id(scope: Scope) -> str:
+def _client_request_id(scope: Scope) -> bytes | None:
+    """The client's `x-request-id` when it is a plain token (echoed only, never kept)."""
     for name, value in scope.get("headers", ()):
-        if name == b"x-request-id" and _VALID_ID.match(value):
-            return value.decode()
-    return random_hex(12)
+        if name == b"x-request-id":
+            return value if _CLIENT_ID.match(value) else None
+    return None

@@ -146,7 +146,8 @@ def _engine_requests(
     request: InferenceRequest, admitted: Admitted, security: Security
 ) -> list[GenerationRequest]:
     """The engine requests, built once the policy has decided: a request without max_tokens
-    gets the policy's cap; every one gets its tenant's prefix-cache salt and the priority."""
+    gets the policy's cap; every one gets its tenant's prefix-cache salt and the priority, and
+    a raw prompt the rule's choice of parsing control tokens in it."""
     g = request.generation
     decision = admitted.decision
     # without max_tokens the policy's cap is a ceiling: the completion may use what remains of
@@ -164,6 +165,7 @@ def _engine_requests(
             request_id=request_id,
             messages=messages,
             prompt=prompt if isinstance(prompt, str) else None,
+            parse_special=decision.raw_prompt_special_tokens,
             prompt_tokens=prompt if isinstance(prompt, tuple) else None,
             max_tokens=max_tokens,
             fit_to_context=fit,

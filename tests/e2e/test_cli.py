@@ -242,6 +242,7 @@ def test_client_disconnect_mid_stream_frees_the_slot(server: Server) -> None:
         ) as r,
     ):
         assert r.status_code == 200
+        rid = r.headers["x-request-id"]  # the server's id names the log line
         # Hold the iterator: dropping a half-read one already closes the connection.
         lines = r.iter_lines()
         events = 0

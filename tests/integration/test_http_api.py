@@ -173,12 +173,18 @@ def test_no_max_tokens_uses_what_remains_of_the_context(
     assert info.value.code == "context_length_exceeded"
 
 
-def test_request_id_is_taken_from_the_client_when_well_formed(client: TestClient[Litestar]) -> None:
+def test_request_id_is_the_servers_and_the_clients_is_only_echoed(
+    client: TestClient[Litestar],
+) -> None:
     resp = client.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "abc-123"})
-    assert resp.headers["x-request-id"] == "abc-123"
-    assert resp.json()["id"] == "chatcmpl-abc-123"
+    server_id = resp.headers["x-request-id"]
+    assert server_id != "abc-123"
+    assert resp.headers["x-client-request-id"] == "abc-123"
+    assert resp.json()["id"] == f"chatcmpl-{server_id}"
+    again = client.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "abc-123"})
+    assert again.headers["x-request-id"] != server_id
     bad = client.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "a b;" * 40})
-    assert bad.headers["x-request-id"] != "a b;" * 40
+    assert "x-client-request-id" not in bad.headers
 
 
 def sse_events(text: str) -> list[str]:

@@ -105,25 +105,31 @@ def test_body_that_is_not_an_object(body: bytes) -> None:
         (CHAT, _chat(functions=[{"name": "f"}]), "functions"),
         (CHAT, _chat(audio={"voice": "x"}), "audio"),
         (COMPLETION, _completion(suffix="x"), "suffix"),
-        (CHAT, _chat(stream_options={"include_usage": True, "extra": 1}), "stream_options.extra"),
         (
             CHAT,
-            _chat(messages=[{"role": "user", "content": "x", "nickname": "bob"}]),
-            "messages[0].nickname",
+            _chat(stream_options={"include_usage": True, "include_obfuscation": 1}),
+            "stream_options.include_obfuscation",
         ),
         (
             CHAT,
-            _chat(tools=[{"type": "function", "function": {"name": "f", "x": 1}}]),
-            "tools[0].function.x",
+            _chat(messages=[{"role": "user", "content": "x", "audio": "bob"}]),
+            "messages[0].audio",
         ),
         (
             CHAT,
-            _chat(messages=[{"role": "user", "content": [{"type": "text", "text": "x", "z": 1}]}]),
-            "messages[0].content[0].z",
+            _chat(tools=[{"type": "function", "function": {"name": "f", "type": 1}}]),
+            "tools[0].function.type",
+        ),
+        (
+            CHAT,
+            _chat(
+                messages=[{"role": "user", "content": [{"type": "text", "text": "x", "detail": 1}]}]
+            ),
+            "messages[0].content[0].detail",
         ),
     ],
 )
-def test_unknown_field_is_an_unsupported_parameter(
+def test_known_unsupported_field_is_named(
     decoder: msgspec.json.Decoder[Any], body: bytes, param: str
 ) -> None:
     error = _error(decoder, body)
