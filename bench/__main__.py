@@ -25,7 +25,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from bench import access, bundles, choices, edge, embeddings, http_path, structured, vllm_peer
+from bench import (
+    access,
+    audit_signing,
+    bundles,
+    choices,
+    edge,
+    embeddings,
+    http_path,
+    structured,
+    vllm_peer,
+)
 from bench._client import BenchError
 from bench._report import REPO_ROOT, default_cache_dir, redacted_argv, write_section
 
@@ -49,6 +59,7 @@ SCENARIOS: dict[str, Scenario] = {
     structured.NAME: structured,
     embeddings.NAME: embeddings,
     choices.NAME: choices,
+    audit_signing.NAME: audit_signing,
 }
 
 

@@ -36,6 +36,26 @@ class _KmsError(Exception):
     """A check of ours on a KMS answer failed; its text goes to the log, never further."""
 
 
+def _client_config(
+    region: str, connect_timeout_s: float, read_timeout_s: float, max_attempts: int
+) -> Config:
+    return Config(
+        region_name=region,
+        connect_timeout=connect_timeout_s,
+        read_timeout=read_timeout_s,
+        retries={"max_attempts": max_attempts, "mode": "standard"},
+    )
+
+
+def _new_client(region: str, endpoint_url: str | None, profile: str | None, config: Config) -> Any:
+    """A KMS client, botocore's logger first raised to INFO (see the module docstring)."""
+    sdk_log = logging.getLogger("botocore")
+    if sdk_log.level < logging.INFO:  # NOTSET or DEBUG: both would log bodies
+        sdk_log.setLevel(logging.INFO)
+    session = boto3.session.Session(profile_name=profile, region_name=region)
+    return session.client("kms", endpoint_url=endpoint_url, config=config)
+
+
 def _blob_and_key(response: Mapping[str, Any]) -> tuple[bytes, str]:
     blob, key_id = response.get("CiphertextBlob"), response.get("KeyId")
     if not isinstance(blob, bytes) or not isinstance(key_id, str) or not key_id:
@@ -61,12 +81,7 @@ class AwsKmsProvider:
         self.region = region
         self.endpoint_url = endpoint_url
         self.profile = profile
-        self._config = Config(
-            region_name=region,
-            connect_timeout=connect_timeout_s,
-            read_timeout=read_timeout_s,
-            retries={"max_attempts": max_attempts, "mode": "standard"},
-        )
+        self._config = _client_config(region, connect_timeout_s, read_timeout_s, max_attempts)
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -77,12 +92,8 @@ class AwsKmsProvider:
         """The KMS client (boto3 clients are thread-safe once made; making one is not)."""
         with self._lock:
             if self._client is None:
-                sdk_log = logging.getLogger("botocore")
-                if sdk_log.level < logging.INFO:  # NOTSET or DEBUG: both would log bodies
-                    sdk_log.setLevel(logging.INFO)
-                session = boto3.session.Session(profile_name=self.profile, region_name=self.region)
-                self._client = session.client(
-                    "kms", endpoint_url=self.endpoint_url, config=self._config
+                self._client = _new_client(
+                    self.region, self.endpoint_url, self.profile, self._config
                 )
             return self._client
 

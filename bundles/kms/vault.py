@@ -72,7 +72,19 @@ def _client(
 
 def _post(client: httpx.Client, path: str, body: Mapping[str, Any] | None) -> dict[str, Any]:
     """POST to `/v1/{path}`; the `data` object of the answer ({} for 204)."""
-    response = client.post(f"/v1/{path}", json=dict(body or {}))
+    return _data(client.post(f"/v1/{path}", json=dict(body or {})), path)
+
+
+def _get(client: httpx.Client, path: str) -> dict[str, Any] | None:
+    """GET `/v1/{path}`; the `data` object of the answer, or None for 404 (no such key)."""
+    response = client.get(f"/v1/{path}")
+    if response.status_code == 404:
+        return None
+    return _data(response, path)
+
+
+def _data(response: httpx.Response, path: str) -> dict[str, Any]:
+    """The `data` object of a Transit answer ({} for 204); `_TransitError` for a failure."""
     if response.status_code == 204:
         return {}
     if not response.is_success:

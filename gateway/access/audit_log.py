@@ -1,6 +1,7 @@
 """The audit log's wiring from configuration: who signs, which log, which witnesses.
 
-- The signer: `[audit.signer]` (an HSM, Transit or AWS KMS key; a local key file on laptops).
+- The signer: `[audit.signer]` (an HSM, Transit or AWS KMS key; a local key file on laptops;
+  `audit_signer.py` opens it).
 - The log id: derived from the deployment's secret pepper, so a database swapped in from
   another deployment is recognised as a stranger, and a reset one is not a new log.
 - Trusted keys: `[audit] trusted_keys` only.  When they are set, a signer whose key is not
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bundles.kms.signer import LocalSigner, Signer, VerifyKey, verify_keys_from_texts_or_files
+from bundles.kms.signer import Signer, VerifyKey, verify_keys_from_texts_or_files
 
 from ..audit import AuditCorrupt, AuditWriter
 from ..audit._head import Signing, read_head
@@ -31,10 +32,10 @@ from ..audit.witness import Witness, open_witnesses
 from ..config import Settings
 from ..db import create_db_engine, database_url
 from ..db.migrate import ensure_schema
+from .audit_signer import open_audit_signer
 from .auth import KeyStore, default_pepper_path, load_or_create_pepper
 
 __all__ = [
-    "audit_key_file",
     "audit_log_id",
     "audit_signer",
     "audit_witnesses",
@@ -45,18 +46,8 @@ __all__ = [
 ]
 
 
-def audit_key_file(settings: Settings) -> Path:
-    """The local Ed25519 key that signs audit checkpoints (created on first start, 0600)."""
-    ref = settings.audit.signer.key_ref
-    return Path(ref) if ref else Path(settings.data_dir) / "keys" / "audit-signing.key"
-
-
 def audit_signer(settings: Settings) -> Signer:
-    if settings.audit.signer.provider == "local":
-        default = not settings.audit.signer.key_ref
-        return LocalSigner.from_file(audit_key_file(settings), create=default)
-    from ..engines.audit_signer import open_audit_signer  # the provider's SDK, only when named
-
+    """The configured signer, opened (`audit_signer.open_audit_signer`)."""
     return open_audit_signer(settings)
 
 
