@@ -24,7 +24,8 @@ _ERRORS = {
     "403": "Denied by policy (model, engine class) or role",
     "404": "Unknown model or route",
     "413": "Body too large",
-    "429": "Rate limited or engine at capacity (see Retry-After, x-ratelimit-*)",
+    "429": "Rate limited, engine at capacity, or too many failed authentications from this "
+    "address (see Retry-After, x-ratelimit-*)",
     "503": "Not ready, or the audit log or limits are unavailable",
 }
 _STATUS = {
@@ -68,12 +69,12 @@ class Operation:
             ]
         if self.request is not None:
             op["requestBody"] = {"required": True, "content": _json(self.request.__name__)}
+        # a route that takes a credential can answer 429 before reading it (an address over
+        # its failed-authentication budget)
+        codes = sorted({*self.errors, *(() if self.public else ("429",))})
         op["responses"] = {
             "200": {"description": self.described, "content": content},
-            **{
-                c: {"description": _ERRORS[c], "content": _json("ErrorEnvelope")}
-                for c in self.errors
-            },
+            **{c: {"description": _ERRORS[c], "content": _json("ErrorEnvelope")} for c in codes},
         }
         return {self.method: op}
 
