@@ -146,6 +146,14 @@ def _access_gauges(holder: SecurityHolder) -> dict[str, tuple[str, float]]:
             float(stats.dropped),
         ),
         "airgate_audit_commit_failures": ("Audit transactions that failed", float(stats.failures)),
+        "airgate_audit_checkpoints_published": (
+            "Signed checkpoints handed to the witnesses",
+            float(security.audit.publisher.published),
+        ),
+        "airgate_audit_witness_failures": (
+            "Checkpoint publications a witness refused (see the log for which)",
+            float(security.audit.publisher.failures),
+        ),
     }
 
 

@@ -45,8 +45,9 @@ from .checkpoint import Checkpoint, CheckpointKind, signed
 from .errors import AuditCorrupt, AuditRejected, AuditUnavailable
 from .event import AuditEvent, encode_event
 from .opening import check_opening
+from .publisher import Publisher
 from .schema import audit_checkpoints, audit_events
-from .witness import Witness, WitnessError
+from .witness import Witness
 
 __all__ = ["AuditWriter", "WriterStats"]
 
@@ -65,8 +66,6 @@ class WriterStats(msgspec.Struct, kw_only=True):
     failures: int = 0  # transactions that failed
     rejected: int = 0
     dropped: int = 0  # append_nowait events not queued (writer stopped or queue full)
-    published: int = 0  # checkpoints handed to every witness
-    witness_failures: int = 0
 
 
 class AuditWriter:
@@ -86,25 +85,20 @@ class AuditWriter:
         queue_max: int = 65536,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if checkpoint_every < 1 or batch_max < 1 or queue_max < 1 or witness_interval_s <= 0:
-            raise ValueError("checkpoint_every, batch_max, queue_max and the interval must be > 0")
+        if checkpoint_every < 1 or batch_max < 1 or queue_max < 1:
+            raise ValueError("checkpoint_every, batch_max and queue_max must be > 0")
         self._engine = engine
         self._signer = signer
         key = signer.verify_key
         self.signing = Signing(log_id=log_id, alg=key.alg, key_id=key.key_id)
-        self.witnesses = tuple(witnesses)
+        self.publisher = Publisher(witnesses, witness_interval_s)
         self._every = checkpoint_every
-        self._interval = witness_interval_s
         self._batch_max = batch_max
         self._clock = clock
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue(queue_max)
         self._task: asyncio.Task[None] | None = None
-        self._publisher: asyncio.Task[None] | None = None
         self._closing = False
         self._head: Head | None = None
-        self._latest: Checkpoint | None = None  # the newest committed checkpoint
-        self._published: Checkpoint | None = None
-        self._dirty = asyncio.Event()
         self._sqlite: SqliteBatchWriter | None = None  # SQLite: batches in one thread hop
         self.stats = WriterStats()
 
@@ -126,7 +120,7 @@ class AuditWriter:
         if check:
             await self.mark("open")
         self._task = asyncio.create_task(self._run(), name="audit-writer")
-        self._publisher = asyncio.create_task(self._publish_loop(), name="audit-witness")
+        self.publisher.start()
 
     async def stop(self) -> None:
         """Commit what is queued, sign the close checkpoint, publish it, stop.  Idempotent."""
@@ -138,14 +132,14 @@ class AuditWriter:
             await self._queue.put(None)
         try:
             await task
-            await self._stop_publisher()  # the close checkpoint is published in order, last
+            await self.publisher.stop()  # the close checkpoint is published in order, last
             if self._head is not None or await self._reload():
                 await self.mark("close")
         finally:
             self._task = None
             self._fail_queued()
-            await self._stop_publisher()
-            await self._publish_latest()
+            await self.publisher.stop()
+            await self.publisher.publish_now()
             if self._sqlite is not None:
                 await self._sqlite.close()
                 self._sqlite = None
@@ -165,6 +159,10 @@ class AuditWriter:
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done() and not self._closing
+
+    @property
+    def witnesses(self) -> tuple[Witness, ...]:
+        return self.publisher.witnesses
 
     @property
     def head(self) -> Head | None:
@@ -216,8 +214,7 @@ class AuditWriter:
             raise AuditUnavailable("the audit log is unavailable") from exc
         self._head = msgspec.structs.replace(head, checkpoint=checkpoint)
         self.stats.checkpoints += 1
-        self._latest = checkpoint
-        await self._publish_latest()
+        await self.publisher.publish_now(checkpoint)
         return checkpoint
 
     # -- the task --------------------------------------------------------------------------
@@ -333,8 +330,7 @@ class AuditWriter:
 
     def _committed(self, head: Head, new_head: Head, batch: list[_Item], cps: int) -> None:
         self._head = new_head
-        self._latest = new_head.checkpoint
-        self._dirty.set()
+        self.publisher.offer(new_head.checkpoint)
         seq = head.seq
         for _, future in batch:
             seq += 1
@@ -377,35 +373,6 @@ class AuditWriter:
                 seen.add(event.event_id)
                 kept.append((event, future))
         return kept
-
-    # -- witnesses -------------------------------------------------------------------------
-
-    async def _publish_loop(self) -> None:
-        while True:
-            await self._dirty.wait()
-            self._dirty.clear()
-            await self._publish_latest()
-            await asyncio.sleep(self._interval)  # at most one publication per interval
-
-    async def _stop_publisher(self) -> None:
-        if self._publisher is not None:
-            self._publisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._publisher
-            self._publisher = None
-
-    async def _publish_latest(self) -> None:
-        latest = self._latest
-        if latest is None or latest is self._published or not self.witnesses:
-            return
-        for witness in self.witnesses:
-            try:
-                await asyncio.to_thread(witness.publish, latest)
-            except WitnessError as exc:
-                self.stats.witness_failures += 1
-                _log.error("%s", exc)  # names the witness and the error class only
-        self._published = latest
-        self.stats.published += 1
 
     async def _reload(self) -> Head | None:
         try:
