@@ -16,12 +16,12 @@ import typer
 from bundles import BundleError
 from bundles.kms.signer import VerifyKey, parse_verify_key
 
-from ..config import ConfigError, Settings
 from ..access.audit_signer import (
     create_audit_signing_key,
     default_audit_key_file,
     open_audit_signer,
 )
+from ..config import ConfigError, Settings
 from .common import ConfigOpt, DataDirOpt, err, fail, load_cli_settings
 
 __all__ = ["audit_signer_app"]
