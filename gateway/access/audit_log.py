@@ -37,18 +37,18 @@ from .auth import KeyStore, default_pepper_path, load_or_create_pepper
 
 __all__ = [
     "audit_log_id",
-    "audit_signer",
     "audit_witnesses",
     "check_audit_log",
     "has_history",
     "open_audit_writer",
+    "pepper_file",
     "trusted_audit_keys",
 ]
 
 
-def audit_signer(settings: Settings) -> Signer:
-    """The configured signer, opened (`audit_signer.open_audit_signer`)."""
-    return open_audit_signer(settings)
+def pepper_file(settings: Settings) -> Path:
+    """The deployment's secret pepper: `[auth] pepper_file`, else the data dir's."""
+    return Path(settings.auth.pepper_file or default_pepper_path(settings.data_dir))
 
 
 def trusted_audit_keys(settings: Settings, extra: Sequence[str] = ()) -> list[VerifyKey]:
@@ -111,7 +111,7 @@ async def open_audit_writer(
     the witnesses and started; stopped on exit (a close checkpoint).  `reconcile`: first give
     the last run's orphaned admissions their `inference.interrupted` events (the server).
     `check=False` (only `airgate audit init --new-epoch`): no witness check, no open checkpoint."""
-    signer = audit_signer(settings)
+    signer = open_audit_signer(settings)
     try:
         _check_pinned(settings, signer)
         writer = AuditWriter(
@@ -142,12 +142,15 @@ async def check_audit_log(settings: Settings, *, history: bool) -> None:
     url = database_url(settings.data_dir, settings.audit.database_url)
     await ensure_schema(url, migrate=settings.audit.migrate)
     engine = create_db_engine(url)
-    pepper = Path(settings.auth.pepper_file or default_pepper_path(settings.data_dir))
     try:
-        keys = KeyStore(engine, load_or_create_pepper(pepper))
+        keys = KeyStore(engine, load_or_create_pepper(pepper_file(settings)))
         signing = Signing(log_id=audit_log_id(keys), alg="", key_id="")
         head = await read_head(engine)
         await check_opening(engine, head, signing, audit_witnesses(settings), genesis=not history)
-        _check_pinned(settings, audit_signer(settings))
+        signer = open_audit_signer(settings)
+        try:
+            _check_pinned(settings, signer)
+        finally:
+            signer.close()
     finally:
         await engine.dispose()

@@ -31,7 +31,12 @@ from bundles.kms.signer import LocalSigner, Signer
 
 from ..config import ConfigError, Settings
 
-__all__ = ["create_audit_signing_key", "default_audit_key_file", "open_audit_signer"]
+__all__ = [
+    "create_audit_signing_key",
+    "default_audit_key_file",
+    "open_audit_signer",
+    "secret_from_env",
+]
 
 T = TypeVar("T")
 
@@ -47,7 +52,8 @@ def _local_key_file(settings: Settings) -> tuple[Path, bool]:
     return (Path(key_ref), False) if key_ref else (default_audit_key_file(settings), True)
 
 
-def _secret(variable: str, what: str) -> str:
+def secret_from_env(variable: str, what: str) -> str:
+    """A provider secret (PIN, token) from its variable; never from the configuration file."""
     value = os.environ.get(variable)
     if not value:
         raise KeyProviderError(f"{what} is read from ${variable}, which is not set")
@@ -101,7 +107,7 @@ def open_audit_signer(settings: Settings, *, create_default: bool = True) -> Sig
             p11 = _section(kms.pkcs11, provider, "[kms.pkcs11]")
             from bundles.kms.pkcs11_signer import Pkcs11Signer
 
-            pin = _secret(p11.pin_env, "the PKCS#11 PIN")
+            pin = secret_from_env(p11.pin_env, "the PKCS#11 PIN")
             return Pkcs11Signer(p11.module, p11.token_label, pin, key_ref)
         if provider == "vault-transit":
             vault = _section(kms.vault_transit, provider, "[kms.vault_transit]")
@@ -109,7 +115,7 @@ def open_audit_signer(settings: Settings, *, create_default: bool = True) -> Sig
 
             return VaultTransitSigner(
                 vault.address,
-                _secret(vault.token_env, "the Vault token"),
+                secret_from_env(vault.token_env, "the Vault token"),
                 key_ref,
                 mount=vault.mount,
                 namespace=vault.namespace,
@@ -141,7 +147,7 @@ def create_audit_signing_key(settings: Settings) -> str:
             p11 = _section(kms.pkcs11, provider, "[kms.pkcs11]")
             from bundles.kms import pkcs11_signer
 
-            pin = _secret(p11.pin_env, "the PKCS#11 PIN")
+            pin = secret_from_env(p11.pin_env, "the PKCS#11 PIN")
             return pkcs11_signer.create_signing_key(p11.module, p11.token_label, pin, key_ref)
         if provider == "vault-transit":
             vault = _section(kms.vault_transit, provider, "[kms.vault_transit]")
@@ -149,7 +155,7 @@ def create_audit_signing_key(settings: Settings) -> str:
 
             return vault_signer.create_signing_key(
                 vault.address,
-                _secret(vault.token_env, "the Vault token"),
+                secret_from_env(vault.token_env, "the Vault token"),
                 key_ref,
                 mount=vault.mount,
                 namespace=vault.namespace,

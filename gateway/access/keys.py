@@ -22,8 +22,8 @@ from ..audit import AuditError, AuditEvent, AuditPrincipal, AuditWriter, Outcome
 from ..config import Settings
 from ..db import create_db_engine, database_url
 from ..db.migrate import ensure_schema
-from .audit_log import has_history, open_audit_writer
-from .auth import ROLES, ApiKeyRecord, KeyStore, default_pepper_path, load_or_create_pepper
+from .audit_log import has_history, open_audit_writer, pepper_file
+from .auth import ROLES, ApiKeyRecord, KeyStore, load_or_create_pepper
 from .auth.apikeys import is_key_id
 
 __all__ = [
@@ -105,7 +105,7 @@ async def _database(settings: Settings) -> AsyncIterator[tuple[AsyncEngine, KeyS
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240
     await ensure_schema(url, migrate=settings.audit.migrate)
     engine = create_db_engine(url)
-    pepper = Path(settings.auth.pepper_file or default_pepper_path(settings.data_dir))
+    pepper = pepper_file(settings)
     store = KeyStore(engine, load_or_create_pepper(pepper))
     try:
         yield engine, store

@@ -36,7 +36,6 @@ from .auth import (
     KeyStore,
     Principal,
     SubjectMap,
-    default_pepper_path,
     load_or_create_pepper,
 )
 from .limits import FailoverLimiter, Limiter, LocalLimiter, RedisLimiter
@@ -137,7 +136,7 @@ async def open_security(settings: Settings) -> AsyncIterator[Security]:
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240
     await ensure_schema(url, migrate=settings.audit.migrate)
     engine = create_db_engine(url, sqlite_synchronous=settings.audit.sqlite_synchronous)
-    pepper_path = Path(settings.auth.pepper_file or default_pepper_path(settings.data_dir))
+    pepper_path = audit_log.pepper_file(settings)
     keys = KeyStore(engine, load_or_create_pepper(pepper_path))
     jwt = None
     if (j := settings.auth.jwt) is not None:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = ["SqliteBatchWriter"]
 
@@ -33,6 +34,16 @@ class SqliteBatchWriter:
         self._synchronous = synchronous
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="audit-sqlite")
         self._conn: sqlite3.Connection | None = None
+
+    @classmethod
+    async def for_engine(cls, engine: AsyncEngine) -> SqliteBatchWriter | None:
+        """One for a file SQLite database, with the engine's `synchronous`; else None."""
+        database = engine.url.database
+        if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+            return None
+        async with engine.connect() as conn:
+            synchronous = (await conn.exec_driver_sql("PRAGMA synchronous")).scalar()
+        return cls(database, int(synchronous if synchronous is not None else 2))
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:

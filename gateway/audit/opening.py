@@ -30,7 +30,7 @@ from ._head import Head, Signing
 from .checkpoint import Checkpoint, checkpoint_from_row
 from .errors import AuditCorrupt
 from .schema import audit_checkpoints
-from .witness import Witness, WitnessError, latest_of
+from .witness import Witness, WitnessError
 
 __all__ = ["check_opening", "witnessed"]
 
@@ -46,10 +46,10 @@ async def witnessed(witnesses: Sequence[Witness], log_id: str) -> list[tuple[str
     found: list[tuple[str, Checkpoint]] = []
     for witness in witnesses:
         try:
-            kept = await asyncio.to_thread(witness.checkpoints, log_id)
+            latest = await asyncio.to_thread(witness.latest, log_id)
         except WitnessError as exc:
             raise AuditCorrupt(f"{exc}: the log cannot be checked against it") from None
-        if kept and (latest := latest_of(kept)) is not None:
+        if latest is not None:
             found.append((witness.name, latest))
     return found
 

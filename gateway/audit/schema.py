@@ -17,11 +17,12 @@ and let a separate owner role run migrations, since a table's owner can drop its
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, SmallInteger, String, Table, Text
+from sqlalchemy import BigInteger, Column, Index, Integer, SmallInteger, String, Table, Text, text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.db import metadata
 
-__all__ = ["audit_checkpoints", "audit_events"]
+__all__ = ["append_only_intact", "audit_checkpoints", "audit_events"]
 
 audit_events = Table(
     "audit_events",
@@ -65,3 +66,37 @@ audit_checkpoints = Table(
     Column("frontier", Text, nullable=False),  # the writer's cache: the tree's right edge
     Index(None, "last_seq"),
 )
+
+_TRIGGERS = {
+    "sqlite": {
+        "audit_events_no_update",
+        "audit_events_no_delete",
+        "audit_events_in_order",
+        "audit_checkpoints_no_update",
+        "audit_checkpoints_no_delete",
+        "audit_checkpoints_in_order",
+    },
+    "postgresql": {
+        "audit_events_no_update_delete",
+        "audit_events_no_truncate",
+        "audit_checkpoints_no_update_delete",
+        "audit_checkpoints_no_truncate",
+    },
+}
+
+
+async def append_only_intact(conn: AsyncConnection) -> bool:
+    """Whether every append-only trigger the migrations create is there and enabled."""
+    dialect = conn.dialect.name
+    expected = _TRIGGERS.get(dialect)
+    if expected is None:
+        return True
+    if dialect == "sqlite":
+        query = text("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+    else:
+        query = text(
+            "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal AND tgenabled != 'D' "
+            "AND tgrelid IN ('audit_events'::regclass, 'audit_checkpoints'::regclass)"
+        )
+    names = {str(name) for name in (await conn.execute(query)).scalars()}
+    return expected <= names

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import msgspec
-from sqlalchemy import Row, func, select, text
+from sqlalchemy import Row, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from bundles.kms.signer import VerifyKey
@@ -45,7 +45,8 @@ from .chain import GENESIS, columns, row_hash
 from .checkpoint import Checkpoint, check_signature, checkpoint_from_row, checkpoint_hash
 from .event import decode_event
 from .merkle import CompactTree
-from .schema import audit_checkpoints, audit_events
+from .schema import append_only_intact, audit_checkpoints, audit_events
+from .witness import latest_of
 
 __all__ = ["EpochLoss", "Problem", "Reason", "VerifyReport", "WitnessReport", "verify"]
 
@@ -75,22 +76,6 @@ _CHAIN_REASONS = frozenset(
 )
 _PAGE = 2000
 MAX_PROBLEMS = 1000
-_TRIGGERS = {
-    "sqlite": {
-        "audit_events_no_update",
-        "audit_events_no_delete",
-        "audit_events_in_order",
-        "audit_checkpoints_no_update",
-        "audit_checkpoints_no_delete",
-        "audit_checkpoints_in_order",
-    },
-    "postgresql": {
-        "audit_events_no_update_delete",
-        "audit_events_no_truncate",
-        "audit_checkpoints_no_update_delete",
-        "audit_checkpoints_no_truncate",
-    },
-}
 
 
 class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -299,7 +284,7 @@ def _check_witnesses(
                 found.add(size + 1, "witness_truncated", **where)
             elif cp.size in roots and roots[cp.size] != cp.root:
                 found.add(max(cp.size, 1), "witness_diverged", **where)
-        latest = max(mine, key=lambda c: (c.epoch, c.id), default=None)
+        latest = latest_of(mine)
         reports.append(
             WitnessReport(
                 name=name,
@@ -310,22 +295,6 @@ def _check_witnesses(
             )
         )
     return reports, list(losses.values())
-
-
-async def _triggers_present(conn: AsyncConnection) -> bool:
-    dialect = conn.dialect.name
-    expected = _TRIGGERS.get(dialect)
-    if expected is None:
-        return True
-    if dialect == "sqlite":
-        query = text("SELECT name FROM sqlite_master WHERE type = 'trigger'")
-    else:
-        query = text(
-            "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal AND tgenabled != 'D' "
-            "AND tgrelid IN ('audit_events'::regclass, 'audit_checkpoints'::regclass)"
-        )
-    names = {str(name) for name in (await conn.execute(query)).scalars()}
-    return expected <= names
 
 
 async def verify(
@@ -346,7 +315,7 @@ async def verify(
         max_seq = int((await conn.execute(select(func.max(audit_events.c.seq)))).scalar() or 0)
         cp_rows = await conn.execute(select(audit_checkpoints).order_by(audit_checkpoints.c.id))
         checkpoints = [checkpoint_from_row(r) for r in cp_rows.all()]
-        if not await _triggers_present(conn):
+        if not await append_only_intact(conn):
             found.add(0, "append_only_missing")
         size = checkpoints[-1].size if checkpoints else 0
         top = max(max_seq, size)

@@ -63,6 +63,10 @@ class Witness(Protocol):
         """Every checkpoint kept for `log_id`, or None for a write-only witness."""
         ...
 
+    def latest(self, log_id: str) -> Checkpoint | None:
+        """The newest checkpoint kept for `log_id` (None: none, or write-only)."""
+        ...
+
 
 def latest_of(checkpoints: Iterable[Checkpoint]) -> Checkpoint | None:
     return max(checkpoints, key=lambda c: (c.epoch, c.id), default=None)
@@ -115,14 +119,30 @@ class DirectoryWitness:
                 f"witness {self.name} cannot be written ({type(exc).__name__})"
             ) from None
 
+    def _mounted(self) -> None:
+        if not self.path.is_dir():
+            # never created silently: an unmounted witness would look like an empty one
+            raise WitnessError(f"witness {self.name} is not an existing directory")
+
     def checkpoints(self, log_id: str) -> list[Checkpoint]:
+        self._mounted()
         folder = self.path / log_id
-        if not folder.exists():
-            if not self.path.is_dir():
-                # never created silently: an unmounted witness would look like an empty one
-                raise WitnessError(f"witness {self.name} is not an existing directory")
-            return []
-        return read_witness_path(folder, log_id)
+        return read_witness_path(folder, log_id) if folder.exists() else []
+
+    def latest(self, log_id: str) -> Checkpoint | None:
+        """From the newest day's file alone (appends are in order): a start reads one file,
+        not the witness's whole history."""
+        self._mounted()
+        try:
+            days = sorted((self.path / log_id).glob("*.jsonl"), reverse=True)
+        except OSError as exc:
+            raise WitnessError(
+                f"witness {self.name} cannot be read ({type(exc).__name__})"
+            ) from None
+        for day in days:
+            if (found := latest_of(read_witness_path(day, log_id))) is not None:
+                return found
+        return None
 
 
 class SyslogWitness:
@@ -166,6 +186,9 @@ class SyslogWitness:
             ) from None
 
     def checkpoints(self, log_id: str) -> None:
+        return None
+
+    def latest(self, log_id: str) -> None:
         return None
 
 

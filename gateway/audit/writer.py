@@ -115,7 +115,7 @@ class AuditWriter:
         head = await self._load_head()
         if check:
             await check_opening(self._engine, head, self.signing, self.witnesses, genesis=genesis)
-        self._sqlite = await _sqlite_batch_writer(self._engine)
+        self._sqlite = await SqliteBatchWriter.for_engine(self._engine)
         self._head = head
         if check:
             await self.mark("open")
@@ -389,16 +389,6 @@ class AuditWriter:
         except Exception as exc:
             _log.error("audit head unreadable (%s)", _describe(exc))
             raise AuditUnavailable("the audit log is unavailable") from exc
-
-
-async def _sqlite_batch_writer(engine: AsyncEngine) -> SqliteBatchWriter | None:
-    """A one-hop batch writer for a file SQLite database, with the engine's `synchronous`."""
-    database = engine.url.database
-    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
-        return None
-    async with engine.connect() as conn:
-        synchronous = (await conn.exec_driver_sql("PRAGMA synchronous")).scalar()
-    return SqliteBatchWriter(database, int(synchronous if synchronous is not None else 2))
 
 
 def _settle(future: asyncio.Future[int] | None, outcome: int | BaseException) -> None:

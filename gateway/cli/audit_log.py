@@ -24,8 +24,14 @@ import typer
 
 from bundles.kms.signer import parse_verify_key
 
-from ..access.audit_log import audit_log_id, audit_witnesses, open_audit_writer, trusted_audit_keys
-from ..access.auth import KeyStore, default_pepper_path, load_or_create_pepper
+from ..access.audit_log import (
+    audit_log_id,
+    audit_witnesses,
+    open_audit_writer,
+    pepper_file,
+    trusted_audit_keys,
+)
+from ..access.auth import KeyStore, load_or_create_pepper
 from ..audit import AuditCorrupt, AuditEvent, new_event_id, verify
 from ..audit._head import read_head
 from ..audit.checkpoint import Checkpoint, check_signature, encode_checkpoint, trusted_by_id
@@ -48,7 +54,7 @@ TrustedOpt = Annotated[
 
 
 def _pepper(settings: Settings) -> bytes:
-    pepper = Path(settings.auth.pepper_file or default_pepper_path(settings.data_dir))
+    pepper = pepper_file(settings)
     if not pepper.exists():
         raise fail("this data directory has no pepper: it never started a gateway", 2)
     return load_or_create_pepper(pepper)

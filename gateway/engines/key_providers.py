@@ -10,13 +10,13 @@ configuration names, never from the file.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from bundles import KeyProvider, KeyProviderError
 from bundles.kms import load_provider_class
 
+from ..access.audit_signer import secret_from_env
 from ..config import Settings
 
 __all__ = ["KeyProviders", "local_key_file", "rotate_provider_key"]
@@ -26,13 +26,6 @@ _log = logging.getLogger("airgate.kms")
 
 def local_key_file(settings: Settings) -> Path:
     return Path(settings.kms.local.key_file or Path(settings.data_dir) / "keys" / "kms-local.json")
-
-
-def _secret(variable: str, what: str) -> str:
-    value = os.environ.get(variable)
-    if not value:
-        raise KeyProviderError(f"{what} is read from ${variable}, which is not set")
-    return value
 
 
 class KeyProviders(Mapping[str, KeyProvider]):
@@ -47,7 +40,7 @@ class KeyProviders(Mapping[str, KeyProvider]):
 
             def pkcs11() -> KeyProvider:
                 cls = load_provider_class("pkcs11")
-                pin = _secret(p11.pin_env, "the PKCS#11 PIN")
+                pin = secret_from_env(p11.pin_env, "the PKCS#11 PIN")
                 return cls(p11.module, p11.token_label, pin)
 
             factories["pkcs11"] = pkcs11
@@ -56,7 +49,7 @@ class KeyProviders(Mapping[str, KeyProvider]):
             def vault_transit() -> KeyProvider:
                 return load_provider_class("vault-transit")(
                     vault.address,
-                    _secret(vault.token_env, "the Vault token"),
+                    secret_from_env(vault.token_env, "the Vault token"),
                     mount=vault.mount,
                     namespace=vault.namespace,
                     ca_cert=vault.ca_cert,
@@ -112,14 +105,16 @@ def rotate_provider_key(settings: Settings, provider: str, key_ref: str) -> str:
     if provider == "pkcs11" and (p11 := settings.kms.pkcs11) is not None:
         from bundles.kms.pkcs11 import create_key
 
-        version = create_key(p11.module, p11.token_label, _secret(p11.pin_env, "the PIN"), key_ref)
+        version = create_key(
+            p11.module, p11.token_label, secret_from_env(p11.pin_env, "the PIN"), key_ref
+        )
         return f"pkcs11:{key_ref} is now at version {version}"
     if provider == "vault-transit" and (vault := settings.kms.vault_transit) is not None:
         from bundles.kms.vault import rotate_key as rotate_transit_key
 
         rotate_transit_key(
             vault.address,
-            _secret(vault.token_env, "the Vault token"),
+            secret_from_env(vault.token_env, "the Vault token"),
             key_ref,
             mount=vault.mount,
             namespace=vault.namespace,
