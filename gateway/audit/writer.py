@@ -198,8 +198,8 @@ class AuditWriter:
 
     async def mark(self, kind: CheckpointKind, *, epoch: int | None = None) -> Checkpoint:
         """Sign and store an open/close/epoch checkpoint at the head, and publish it now
-        (a witness that cannot be written is logged, not fatal).  Outside the writer task:
-        only before `start`'s task runs or after it ended."""
+        (a witness that cannot be written is logged, not fatal).  Never while appends are
+        in flight: at start, at stop, or (a new epoch) before the first append."""
         head = self._head or await self._reload()
         if head is None:
             raise AuditUnavailable("the audit log is unavailable")

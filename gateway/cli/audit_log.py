@@ -139,10 +139,14 @@ def audit_witness(
         assert settings is not None
         return _run(lambda: _local_proof(_url(settings, database), from_size))
 
-    proved = fetch(None)
+    def fetch_signed(from_size: int | None) -> ProvedCheckpoint:
+        proved = fetch(from_size)
+        if check_signature(proved.checkpoint, trusted_by_id([key])) != "ok":
+            raise fail("the latest checkpoint is NOT signed by the pinned key", 1)
+        return proved
+
+    proved = fetch_signed(None)
     latest = proved.checkpoint
-    if check_signature(latest, trusted_by_id([key])) != "ok":
-        raise fail("the latest checkpoint is NOT signed by the pinned key", 1)
     if previous is not None:
         if latest.log_id != previous.log_id:
             raise fail(f"this is log {latest.log_id}; your file keeps log {previous.log_id}", 1)
@@ -155,10 +159,8 @@ def audit_witness(
                     1,
                 )
         elif previous.size and latest.size >= previous.size:
-            proved = fetch(previous.size)  # the proof from your size to the latest
+            proved = fetch_signed(previous.size)  # the proof from your size to the latest
             latest = proved.checkpoint
-            if check_signature(latest, trusted_by_id([key])) != "ok":
-                raise fail("the latest checkpoint is NOT signed by the pinned key", 1)
         if latest.epoch == previous.epoch and not _consistent(previous, latest, proved):
             raise fail(
                 f"INCONSISTENT: the log's tree at size {latest.size} does not extend the "
