@@ -22,9 +22,11 @@ from .engines.registry import ModelRegistry
 from .engines.runtime import build_registry, start_engines, stop_engines
 from .errors import exception_handlers
 from .http.authn import AuthMiddleware, caller
+from .http.drain import Drain, DrainMiddleware
 from .http.failure_audit import FailureAudit
 from .http.flood import FloodGuard
 from .http.request_log import RequestLogMiddleware, RouteTemplates
+from .openai.sse import sse_error
 from .pipeline import Pipeline
 from .routes import ROUTES, openapi_route, paths, public_paths
 from .routing import Router
@@ -48,20 +50,26 @@ def create_app(
     *,
     registry: ModelRegistry | None = None,
     security: Security | None = None,
+    drain: Drain | None = None,
 ) -> Litestar:
     """Build the app.  At start-up the access stack (keys, policy, limits, audit log) opens;
     engines then load in the background and /ready says when.  Tests may pass an open
-    `security` (they own its lifetime)."""
+    `security` (they own its lifetime); `serve` passes the `drain` its signals start."""
     models = registry if registry is not None else build_registry(settings)
-    return _build(settings, models, security)
+    drain = drain if drain is not None else Drain(settings.server.drain_timeout_s)
+    return _build(settings, models, security, drain)
 
 
-def _build(settings: Settings, models: ModelRegistry, given: Security | None) -> Litestar:
+def _build(
+    settings: Settings, models: ModelRegistry, given: Security | None, drain: Drain
+) -> Litestar:
     metrics = Metrics(models)
     router = Router(models, settings.routing, registry=metrics.registry)
     telemetry = Telemetry.start(settings.telemetry)  # a no-op unless an endpoint is set
     holder = SecurityHolder()
     metrics.watch(lambda: _access_gauges(holder))
+    metrics.watch(drain.gauges)
+    metrics.info("airgate_policy", "The policy version in force", lambda: _policy_info(holder))
     inference = Pipeline(models, metrics, router, telemetry, holder)
     routes = (*ROUTES, openapi_route(_version()))
     failures = FailureAudit(settings.auth.failure_audit_window_s)  # auth failures, aggregated
@@ -111,6 +119,8 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
             "security": Provide(holder.get, sync_to_thread=False),
             "principal": Provide(caller, sync_to_thread=False),
             "inference": Provide(lambda: inference, use_cache=True, sync_to_thread=False),
+            "drain": Provide(lambda: drain, use_cache=True, sync_to_thread=False),
+            "airgate_version": Provide(_version, use_cache=True, sync_to_thread=False),
         },
         exception_handlers=exception_handlers,
         lifespan=[access, engines],
@@ -126,7 +136,8 @@ def _build(settings: Settings, models: ModelRegistry, given: Security | None) ->
     limits = settings.auth  # failed authentications per client address, checked first
     guard = FloodGuard(burst=limits.failure_burst, rate_per_s=limits.failure_rate_per_s)
     authenticated = AuthMiddleware(app.asgi_handler, holder, public_paths(routes), guard, failures)
-    app.asgi_handler = RequestLogMiddleware(authenticated, metrics, RouteTemplates(paths(routes)))
+    drained = DrainMiddleware(authenticated, drain, sse_error)  # counted, refused while draining
+    app.asgi_handler = RequestLogMiddleware(drained, metrics, RouteTemplates(paths(routes)))
     return app
 
 
@@ -155,6 +166,11 @@ def _access_gauges(holder: SecurityHolder) -> dict[str, tuple[str, float]]:
             float(security.audit.publisher.failures),
         ),
     }
+
+
+def _policy_info(holder: SecurityHolder) -> dict[str, str] | None:
+    security = holder.security
+    return None if security is None else {"version": security.policy.current.version}
 
 
 async def _audit_bundles(holder: SecurityHolder, models: ModelRegistry) -> None:

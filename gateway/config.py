@@ -49,7 +49,9 @@ class ServerSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=
     port: Port = 8000
     max_request_bytes: Annotated[int, Meta(ge=1024, le=256 * 1024 * 1024)] = 4 * 1024 * 1024
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    shutdown_grace_s: Annotated[float, Meta(ge=0)] = 10.0
+    # SIGTERM/SIGINT: requests and streams in flight get this long to finish while new ones
+    # are answered 503; those still running then are cut (gateway/http/drain.py)
+    drain_timeout_s: Annotated[float, Meta(ge=0, le=3600)] = 30.0
     # the request line and headers: bigger -> 431, more headers -> 431, not complete within
     # the timeout (counted from the connection or the request's first byte) -> 408 and closed
     max_header_bytes: Annotated[int, Meta(ge=1024, le=1024 * 1024)] = 32 * 1024
@@ -72,17 +74,35 @@ _DEPLOYMENT = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$"
 
 
 class VllmSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """Engine arguments of a vLLM deployment (`[models.vllm]`); vLLM's own defaults otherwise."""
+    """Engine arguments of a vLLM deployment (`[models.vllm]`); vLLM's own defaults otherwise.
+
+    A model larger than one GPU runs on `tensor_parallel_size * pipeline_parallel_size` GPUs
+    (at most 64), one vLLM worker each.  `distributed_executor_backend`: "mp" starts the
+    workers as processes on this node (it cannot span nodes); "ray" lets Ray place them on any
+    node of its cluster, which a bundle cannot serve (its weights are decrypted into this
+    node's memory: refused at start); None lets vLLM choose ("mp" for several workers on one
+    node).
+    """
 
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_model_len: Annotated[int, Meta(ge=16, le=1_048_576)] | None = None
     gpu_memory_utilization: Annotated[float, Meta(gt=0, le=1)] = 0.9
     tensor_parallel_size: Annotated[int, Meta(ge=1, le=64)] = 1
+    pipeline_parallel_size: Annotated[int, Meta(ge=1, le=64)] = 1
+    distributed_executor_backend: Literal["mp", "ray"] | None = None
     enforce_eager: bool = False
     kv_cache_space_gib: Annotated[float, Meta(gt=0)] | None = None  # CPU builds: KV-cache size
     max_num_seqs: Annotated[int, Meta(ge=1, le=4096)] = 16  # sequences that run at once
     enable_prefix_caching: bool = True
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        workers = self.tensor_parallel_size * self.pipeline_parallel_size
+        if workers > 64:
+            raise ValueError(
+                f"tensor_parallel_size * pipeline_parallel_size is {workers}; at most 64 "
+                "workers (GPUs) per deployment"
+            )
 
 
 class ModelSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -194,7 +214,13 @@ class MtlsSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
 
 class AuthSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    pepper_file: str = ""  # default: <data_dir>/keys/pepper (32 random bytes, 0600)
+    # the API key pepper shared by replicas: a mounted secret file (32 bytes, raw or hex or
+    # base64; `${CREDENTIALS_DIRECTORY}/name` for a systemd credential) that must exist, or
+    # $AIRGATE_PEPPER instead; neither: <data_dir>/keys/api-key-pepper, created (0600)
+    pepper_file: str = ""
+    # an admin key made offline (`airgate keys new-secret`) and mounted as a secret: the first
+    # start registers it (its hash only) instead of minting one; read only while no admin exists
+    initial_admin_key_file: str = ""
     public_metrics: bool = False  # /metrics without a key (for scrapers on a trusted network)
     jwt: JwtSettings | None = None
     mtls: MtlsSettings | None = None
@@ -237,7 +263,10 @@ class AuditSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
     database_url: str = ""  # default: SQLite in the data dir; postgresql://... for production
     strict: bool = True  # an answered request is always audited; no database -> 503
     checkpoint_every: Annotated[int, Meta(ge=1)] = 1000
-    checkpoint_interval_s: Annotated[float, Meta(gt=0)] = 1.0
+    # this writer's chain of the shared log: each replica on one database needs its own (its
+    # pod or host name); two running processes with the same chain are refused.  Empty: the
+    # deployment's one chain (a single gateway)
+    chain: Annotated[str, Meta(max_length=64, pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]*)?$")] = ""
     signer: AuditSignerSettings = AuditSignerSettings()
     # public keys verification trusts (`ed25519:...`, `ecdsa-p256:...`, or files of them);
     # never the data directory's own key file

@@ -15,6 +15,10 @@ class VllmOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: int | None = None  # None: the model's own (max_position_embeddings)
     gpu_memory_utilization: float = 0.9  # on CPUs: the share of RAM vLLM may reserve
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    # "mp": worker processes on this node; "ray": Ray places them; None: vLLM chooses ("mp"
+    # for several workers on one node)
+    distributed_executor_backend: Literal["mp", "ray"] | None = None
     enforce_eager: bool = False  # True: no torch.compile (much faster start, slower steps)
     # KV-cache size in GiB; None: from gpu_memory_utilization.  Passed as the engine argument
     # `kv_cache_memory_bytes`, which vLLM's CPU worker honours (VLLM_CPU_KVCACHE_SPACE, whole

@@ -3,7 +3,8 @@
     start_llm(load)          off-line environment, vLLM imported and `load` run off the event
                              loop, then vLLM's output handler started on this loop
     opened(source)           a ModelSource's directory for the length of a load, then released
-    build_llm(directory, …)  the engine arguments both engines share, and the `AsyncLLM`
+    engine_arguments(…)      the engine arguments both engines share (pure: no vLLM)
+    build_llm(directory, …)  the `AsyncLLM` on them
     stop_llm(llm)            shutdown that returns once the engine's processes are gone
 
 Nothing here imports vLLM at module level.
@@ -24,7 +25,7 @@ from ._load import SchedulerSnapshot, stat_logger_factory
 from ._options import VllmOptions
 from ._processes import EngineProcesses
 
-__all__ = ["abort_request", "build_llm", "opened", "start_llm", "stop_llm"]
+__all__ = ["abort_request", "build_llm", "engine_arguments", "opened", "start_llm", "stop_llm"]
 
 _log = logging.getLogger("airgate.vllm")
 
@@ -70,7 +71,14 @@ async def start_llm(load: Callable[[], Any]) -> Any:
 @contextlib.contextmanager
 def opened(source: str | ModelSource) -> Iterator[str]:
     """The model directory while the block runs; a ModelSource is released after it, whether
-    loading worked or not."""
+    loading worked or not.
+
+    A decrypted bundle's directory is a path on this node's tmpfs, private to this user: every
+    vLLM process here reads it (the engine core, and with tensor or pipeline parallelism its
+    "mp" worker processes), and all of them have loaded their weights by the time `build_llm`
+    returns.  Ray workers on other nodes could not read it: the gateway refuses "ray" for
+    bundles.
+    """
     if isinstance(source, str):
         yield source
         return
@@ -81,22 +89,18 @@ def opened(source: str | ModelSource) -> Iterator[str]:
         source.release()
 
 
-def build_llm(
-    directory: str, options: VllmOptions, snapshot: SchedulerSnapshot, **engine_args: Any
-) -> Any:
-    """Blocking: an `AsyncLLM` on `directory` (engine core started, model loaded), reporting
-    its scheduler statistics into `snapshot`.  `engine_args` add to (or replace) the shared
-    arguments."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
+def engine_arguments(directory: str, options: VllmOptions) -> dict[str, Any]:
+    """The `AsyncEngineArgs` keyword arguments both engines share, for the model in
+    `directory` (vLLM's own defaults for anything not named here)."""
     opts = options
-    shared: dict[str, Any] = {
+    return {
         "model": directory,
         "tokenizer": directory,
         "dtype": opts.dtype,
         "seed": opts.seed,
         "tensor_parallel_size": opts.tensor_parallel_size,
+        "pipeline_parallel_size": opts.pipeline_parallel_size,
+        "distributed_executor_backend": opts.distributed_executor_backend,
         "gpu_memory_utilization": opts.gpu_memory_utilization,
         "max_num_seqs": opts.max_num_seqs,
         "enforce_eager": opts.enforce_eager,
@@ -109,7 +113,19 @@ def build_llm(
             int(opts.kv_cache_space_gib * 2**30) if opts.kv_cache_space_gib else None
         ),
     }
-    args = AsyncEngineArgs(**(shared | engine_args))
+
+
+def build_llm(
+    directory: str, options: VllmOptions, snapshot: SchedulerSnapshot, **engine_args: Any
+) -> Any:
+    """Blocking: an `AsyncLLM` on `directory` (engine core started, model loaded), reporting
+    its scheduler statistics into `snapshot`.  `engine_args` add to (or replace) the shared
+    arguments."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    opts = options
+    args = AsyncEngineArgs(**(engine_arguments(directory, opts) | engine_args))
     if opts.max_model_len:
         args.max_model_len = opts.max_model_len
     return AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(snapshot)])

@@ -2,8 +2,10 @@
 
 - The signer: `[audit.signer]` (an HSM, Transit or AWS KMS key; a local key file on laptops;
   `audit_signer.py` opens it).
-- The log id: derived from the deployment's secret pepper, so a database swapped in from
-  another deployment is recognised as a stranger, and a reset one is not a new log.
+- The chain: every writer appends to its own chain of the shared log (`[audit] chain`, e.g.
+  the replica's pod name; default: the deployment's one chain).  Its id is derived from the
+  deployment's secret pepper and the chain's name, so a database swapped in from another
+  deployment holds none of this gateway's chains, and a reset one is not a new log.
 - Trusted keys: `[audit] trusted_keys` only.  When they are set, a signer whose key is not
   among them does not start (someone replaced the key the data directory points at).
 - Witnesses: `[audit] witness_dir` and `witness_syslog`.
@@ -26,6 +28,7 @@ from bundles.kms.signer import Signer, VerifyKey, verify_keys_from_texts_or_file
 
 from ..audit import AuditCorrupt, AuditWriter
 from ..audit._head import Signing, read_head
+from ..audit._lease import ChainLease
 from ..audit.opening import check_opening
 from ..audit.reconcile import interrupted, orphans
 from ..audit.witness import Witness, open_witnesses
@@ -33,22 +36,17 @@ from ..config import Settings
 from ..db import create_db_engine, database_url
 from ..db.migrate import ensure_schema
 from .audit_signer import open_audit_signer
-from .auth import KeyStore, default_pepper_path, load_or_create_pepper
+from .auth import KeyStore
+from .secrets import load_pepper
 
 __all__ = [
+    "audit_history",
     "audit_log_id",
     "audit_witnesses",
     "check_audit_log",
-    "has_history",
     "open_audit_writer",
-    "pepper_file",
     "trusted_audit_keys",
 ]
-
-
-def pepper_file(settings: Settings) -> Path:
-    """The deployment's secret pepper: `[auth] pepper_file`, else the data dir's."""
-    return Path(settings.auth.pepper_file or default_pepper_path(settings.data_dir))
 
 
 def trusted_audit_keys(settings: Settings, extra: Sequence[str] = ()) -> list[VerifyKey]:
@@ -56,8 +54,10 @@ def trusted_audit_keys(settings: Settings, extra: Sequence[str] = ()) -> list[Ve
     return verify_keys_from_texts_or_files([*settings.audit.trusted_keys, *extra])
 
 
-def audit_log_id(keys: KeyStore) -> str:
-    return keys.derive(b"audit-log").hex()[:16]
+def audit_log_id(settings: Settings, keys: KeyStore) -> str:
+    """This writer's chain id: the deployment's (pepper-keyed) id of `[audit] chain`."""
+    name = settings.audit.chain
+    return keys.derive(b"audit-log" + (b"\0" + name.encode("ascii") if name else b"")).hex()[:16]
 
 
 def audit_witnesses(settings: Settings) -> Sequence[Witness]:
@@ -68,23 +68,24 @@ def _marker(settings: Settings) -> Path:
     return Path(settings.data_dir) / "keys" / "audit-log"
 
 
-def has_history(settings: Settings) -> bool:
-    """Whether this data directory has had an audit log (the marker written at the log's
-    genesis): then an empty audit database is a lost log, not a first start."""
-    return _marker(settings).exists()
+def audit_history(settings: Settings) -> frozenset[str]:
+    """The chains this data directory has written (the marker, one id per line, written at each
+    chain's genesis): an empty chain among them is a lost log, not a first start."""
+    try:
+        text = _marker(settings).read_text(encoding="ascii", errors="replace")
+    except FileNotFoundError:
+        return frozenset()
+    return frozenset(line.strip() for line in text.splitlines() if line.strip())
 
 
 def _mark_genesis(settings: Settings, log_id: str) -> None:
-    """Record in the data directory that it has a log (0600, never rewritten)."""
+    """Record in the data directory that it writes chain `log_id` (0600, appended only)."""
+    if log_id in audit_history(settings):
+        return
     path = _marker(settings)
-    if path.exists():
-        return
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
-    with os.fdopen(fd, "w", encoding="ascii") as f:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a", encoding="ascii") as f:
         f.write(log_id + "\n")
 
 
@@ -103,30 +104,32 @@ async def open_audit_writer(
     engine: AsyncEngine,
     keys: KeyStore,
     *,
-    genesis: bool = True,
     reconcile: bool = False,
     check: bool = True,
 ) -> AsyncIterator[AuditWriter]:
-    """This configuration's audit writer on `engine` (a migrated database), checked against
-    the witnesses and started; stopped on exit (a close checkpoint).  `reconcile`: first give
-    the last run's orphaned admissions their `inference.interrupted` events (the server).
-    `check=False` (only `airgate audit init --new-epoch`): no witness check, no open checkpoint."""
+    """This configuration's audit writer on `engine` (a migrated database), holding its chain,
+    checked against the witnesses and started; stopped on exit (a close checkpoint).  An empty
+    chain this data directory has written before is refused (a lost log is not begun anew).
+    `reconcile`: first give the chain's orphaned admissions from its last run their
+    `inference.interrupted` events (the server).  `check=False` (only `airgate audit init
+    --new-epoch`): no witness check, no open checkpoint."""
     signer = open_audit_signer(settings)
     try:
         _check_pinned(settings, signer)
+        log_id = audit_log_id(settings, keys)
         writer = AuditWriter(
             engine,
             signer=signer,
-            log_id=audit_log_id(keys),
+            log_id=log_id,
             witnesses=audit_witnesses(settings),
             checkpoint_every=settings.audit.checkpoint_every,
             witness_interval_s=settings.audit.witness_interval_s,
         )
-        lost = await orphans(engine) if reconcile else []
-        await writer.start(genesis=genesis, check=check)
-        _mark_genesis(settings, writer.signing.log_id)
+        await writer.start(genesis=log_id not in audit_history(settings), check=check)
+        _mark_genesis(settings, log_id)
         try:
-            for admitted in lost:
+            # after start: the chain is this process's now, so its last run has ended
+            for admitted in await orphans(engine, log_id) if reconcile else []:
                 await writer.append(interrupted(admitted))
             yield writer
         finally:
@@ -135,18 +138,25 @@ async def open_audit_writer(
         signer.close()
 
 
-async def check_audit_log(settings: Settings, *, history: bool) -> None:
+async def check_audit_log(settings: Settings) -> None:
     """Before `serve` writes anything: refuse (`AuditCorrupt`, a message for the operator) a
-    log that is not this data directory's, or not what its witnesses saw, and an empty one
-    when `history` says the data directory has started before."""
+    chain that is not what its witnesses saw or that this data directory wrote and is now
+    empty, and (`AuditChainBusy`) one another running process holds."""
     url = database_url(settings.data_dir, settings.audit.database_url)
     await ensure_schema(url, migrate=settings.audit.migrate)
     engine = create_db_engine(url)
     try:
-        keys = KeyStore(engine, load_or_create_pepper(pepper_file(settings)))
-        signing = Signing(log_id=audit_log_id(keys), alg="", key_id="")
-        head = await read_head(engine)
-        await check_opening(engine, head, signing, audit_witnesses(settings), genesis=not history)
+        keys = KeyStore(engine, load_pepper(settings))
+        log_id = audit_log_id(settings, keys)
+        lease = ChainLease(engine, log_id)
+        await lease.acquire()
+        try:
+            signing = Signing(log_id=log_id, alg="", key_id="")
+            head = await read_head(engine, log_id)
+            genesis = log_id not in audit_history(settings)
+            await check_opening(engine, head, signing, audit_witnesses(settings), genesis=genesis)
+        finally:
+            await lease.release()
         signer = open_audit_signer(settings)
         try:
             _check_pinned(settings, signer)

@@ -1,6 +1,12 @@
 """API keys outside the HTTP API: the first admin key, the `airgate keys` commands' core (each
 operation audited), and the rules the admin API shares with them.
 
+The first admin key is made by the first `serve` on a database without an active admin key,
+audited as `airgate keys create` is: either the key the operator made offline (`airgate keys
+new-secret`) and mounted as `[auth] initial_admin_key_file`, of which only the hash is stored
+and nothing is shown; or a fresh one, handed to the operator once (the CLI prints it on a
+terminal, else writes it to a 0600 file: never to a log).
+
 A new key's scope (see `auth/principal.py`): an auditor key is created either for one team
 (`team`: it reads only that team's audit events) or for every team (`all_teams`, stored without
 a team); asking for neither is refused, so a global auditor is never made by omission.
@@ -10,7 +16,7 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,12 +25,13 @@ from typing import Final, Literal
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..audit import AuditError, AuditEvent, AuditPrincipal, AuditWriter, Outcome, new_event_id
-from ..config import Settings
+from ..config import ConfigError, Settings
 from ..db import create_db_engine, database_url
 from ..db.migrate import ensure_schema
-from .audit_log import has_history, open_audit_writer, pepper_file
-from .auth import ROLES, ApiKeyRecord, KeyStore, load_or_create_pepper
+from .audit_log import open_audit_writer
+from .auth import ROLES, ApiKeyRecord, KeyStore, MalformedKey, parse_api_key
 from .auth.apikeys import is_key_id
+from .secrets import load_pepper, secret_path
 
 __all__ = [
     "AuditScope",
@@ -105,8 +112,7 @@ async def _database(settings: Settings) -> AsyncIterator[tuple[AsyncEngine, KeyS
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240
     await ensure_schema(url, migrate=settings.audit.migrate)
     engine = create_db_engine(url)
-    pepper = pepper_file(settings)
-    store = KeyStore(engine, load_or_create_pepper(pepper))
+    store = KeyStore(engine, load_pepper(settings))
     try:
         yield engine, store
     finally:
@@ -160,15 +166,22 @@ class KeyAdmin:
         name: str | None = None,
         expires_at: datetime | None = None,
         all_teams: bool = False,
+        key: str | None = None,
     ) -> tuple[str, ApiKeyRecord]:
-        """A new key `(plaintext, record)`; `KeyRefused` (audited) when the rules forbid it."""
+        """A new key `(plaintext, record)` (`key`: the operator's own, else a fresh one);
+        `KeyRefused` (audited) when the rules forbid it."""
         try:
             check_new_key(role, team, name, all_teams)
         except KeyRefused as exc:
             await self._record("keys.create", "failure", error_class=exc.code)
             raise
-        key, record = await self.store.create(
-            role, team=team, name=name, expires_at=expires_at, created_by=f"cli:{self._actor}"
+        text, record = await self.store.create(
+            role,
+            team=team,
+            name=name,
+            expires_at=expires_at,
+            created_by=f"cli:{self._actor}",
+            key=key,
         )
         detail: dict[str, str | int] = {"target": record.key_id, "role": record.role}
         if (scope := audit_scope(record)) is not None:
@@ -178,7 +191,7 @@ class KeyAdmin:
         except AuditError:
             await self.store.revoke(record.key_id)  # no key without its audit record
             raise
-        return key, record
+        return text, record
 
     async def revoke(self, key_id: str) -> bool:
         """Revoke a key; False (audited as a failure) if there is no such active key."""
@@ -203,18 +216,55 @@ class KeyAdmin:
 async def key_admin(settings: Settings, actor: str) -> AsyncIterator[KeyAdmin]:
     """Audited key operations on this configuration's database, by `actor` (a Subject: printable
     ASCII without spaces, at most 256 characters)."""
-    genesis = not has_history(settings)  # as `serve`: a lost log is refused, not begun anew
     async with (
         _database(settings) as (engine, store),
-        open_audit_writer(settings, engine, store, genesis=genesis) as writer,
+        open_audit_writer(settings, engine, store) as writer,
     ):
         yield KeyAdmin(store, writer, actor)
 
 
-async def bootstrap_admin_key(settings: Settings) -> str | None:
-    """On a database without any admin key, create one and return it (to print once)."""
+async def bootstrap_admin_key(
+    settings: Settings, actor: str, hand_over: Callable[[str], None]
+) -> bool:
+    """On a database without an active admin key, make the first one (see the module), by
+    `actor`; a fresh key goes to `hand_over`, and is revoked if that fails.  True when a key
+    was made.  `ConfigError` for an unusable `initial_admin_key_file`."""
     async with key_store(settings) as store:
         if any(r.role == "admin" and r.revoked_at is None for r in await store.list()):
-            return None
-        key, _ = await store.create("admin", name="first-admin", created_by="airgate-serve")
-        return key
+            return False
+        given = _initial_admin_key(settings)
+        if given is not None and await store.get(parse_api_key(given)[0]) is not None:
+            raise ConfigError(
+                "[auth] initial_admin_key_file holds a key this database knows already (revoked, "
+                "or not an admin key): mount a new one (`airgate keys new-secret`)"
+            )
+    async with key_admin(settings, actor) as admin:
+        text, record = await admin.create("admin", name="first-admin", key=given)
+        if given is None:
+            try:
+                hand_over(text)
+            except BaseException:
+                await admin.revoke(record.key_id)  # nobody has it: it must not stay valid
+                raise
+    return True
+
+
+def _initial_admin_key(settings: Settings) -> str | None:
+    """The key in `[auth] initial_admin_key_file`, if set; errors name the file, never the
+    text."""
+    if not settings.auth.initial_admin_key_file:
+        return None
+    path = secret_path(settings.auth.initial_admin_key_file)
+    try:
+        text = path.read_text(encoding="ascii").strip()
+        parse_api_key(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"[auth] initial_admin_key_file {path} cannot be read ({type(exc).__name__})"
+        ) from None
+    except MalformedKey:
+        raise ConfigError(
+            f"[auth] initial_admin_key_file {path} does not hold an airgate API key "
+            "(make one with `airgate keys new-secret`)"
+        ) from None
+    return text

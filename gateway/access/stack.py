@@ -31,15 +31,10 @@ from ..db import create_db_engine, database_url
 from ..db.migrate import ensure_schema
 from ..errors import ServiceUnavailable
 from . import audit_log
-from .auth import (
-    JwtVerifier,
-    KeyStore,
-    Principal,
-    SubjectMap,
-    load_or_create_pepper,
-)
+from .auth import JwtVerifier, KeyStore, Principal, SubjectMap
 from .limits import FailoverLimiter, Limiter, LocalLimiter, RedisLimiter
 from .limits.resp import PipelinedRedis
+from .secrets import load_pepper
 
 __all__ = ["PolicyHolder", "Security", "SecurityHolder", "open_security"]
 
@@ -136,8 +131,7 @@ async def open_security(settings: Settings) -> AsyncIterator[Security]:
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240
     await ensure_schema(url, migrate=settings.audit.migrate)
     engine = create_db_engine(url, sqlite_synchronous=settings.audit.sqlite_synchronous)
-    pepper_path = audit_log.pepper_file(settings)
-    keys = KeyStore(engine, load_or_create_pepper(pepper_path))
+    keys = KeyStore(engine, load_pepper(settings))
     jwt = None
     if (j := settings.auth.jwt) is not None:
         jwt = JwtVerifier(

@@ -7,6 +7,7 @@ trusted public keys.  Tables in `schema.py`, created only by the Alembic migrati
 
 from .checkpoint import Checkpoint
 from .errors import (
+    AuditChainBusy,
     AuditCorrupt,
     AuditError,
     AuditRejected,
@@ -27,12 +28,13 @@ from .event import (
 )
 from .export import Format, export, export_csv, export_jsonl, export_ocsf
 from .query import AuditFilter, get, search
-from .verify import Problem, VerifyReport, verify
+from .verify import LogReport, Problem, VerifyReport, verify, verify_log
 from .writer import AuditWriter, WriterStats
 
 __all__ = [
     "KINDS",
     "OUTCOMES",
+    "AuditChainBusy",
     "AuditCorrupt",
     "AuditError",
     "AuditEvent",
@@ -48,6 +50,7 @@ __all__ = [
     "InvalidAuditEvent",
     "InvalidCursor",
     "InvalidQuery",
+    "LogReport",
     "Outcome",
     "Problem",
     "VerifyReport",
@@ -60,4 +63,5 @@ __all__ = [
     "new_event_id",
     "search",
     "verify",
+    "verify_log",
 ]

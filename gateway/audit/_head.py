@@ -1,6 +1,6 @@
 """The chain head: where the audit log ends, and the batch that extends it.
 
-`Head` is the log as the database last confirmed it: the last seq and row hash, the last
+`Head` is the writer's chain as the database last confirmed it: the last seq and row hash, the last
 checkpoint (a signed tree head) and the tree's right edge (`CompactTree`).  `read_head`
 recovers it from the tables (the last checkpoint's stored frontier, checked against its signed
 root, so a restart never re-reads the log) and refuses a log whose rows do not end exactly at
@@ -59,23 +59,32 @@ def _frontier(text: str) -> list[bytes]:
     return [bytes.fromhex(text[i : i + 64]) for i in range(0, len(text), 64)]
 
 
-async def read_head(engine: AsyncEngine) -> Head:
-    """The head as stored.  Raises `AuditCorrupt` (with a message for the operator) when the
-    rows do not end at the last checkpoint; driver errors propagate."""
+async def read_head(engine: AsyncEngine, log_id: str) -> Head:
+    """The head of chain `log_id` as stored.  Raises `AuditCorrupt` (with a message for the
+    operator) when its rows do not end at its last checkpoint; driver errors propagate."""
+    events, checkpoints = audit_events.c, audit_checkpoints.c
     async with engine.connect() as conn:
         cp_row = (
             await conn.execute(
-                select(audit_checkpoints).order_by(audit_checkpoints.c.id.desc()).limit(1)
+                select(audit_checkpoints)
+                .where(checkpoints.log_id == log_id)
+                .order_by(checkpoints.id.desc())
+                .limit(1)
             )
         ).first()
         last = (
             await conn.execute(
-                select(audit_events.c.seq, audit_events.c.row_hash)
-                .order_by(audit_events.c.seq.desc())
+                select(events.seq, events.row_hash)
+                .where(events.log_id == log_id)
+                .order_by(events.seq.desc())
                 .limit(1)
             )
         ).first()
-        rows = (await conn.execute(select(func.count()).select_from(audit_events))).scalar()
+        rows = (
+            await conn.execute(
+                select(func.count()).select_from(audit_events).where(events.log_id == log_id)
+            )
+        ).scalar()
     seq, row_hash = (int(last.seq), str(last.row_hash)) if last else (0, GENESIS)
     if cp_row is None:
         if seq:
@@ -121,7 +130,7 @@ def extend(
     since = 0
     for i, event in enumerate(events):
         seq += 1
-        row = link(prev, seq, event)
+        row = link(prev, seq, event, log_id=signing.log_id)
         prev = row["row_hash"]
         rows.append(row)
         tree.append(bytes.fromhex(prev))

@@ -53,10 +53,12 @@ def columns(event: AuditEvent) -> dict[str, Any]:
     }
 
 
-def link(prev_hash: str, seq: int, event: AuditEvent) -> dict[str, Any]:
-    """Every column of the row that stores `event` at `seq` after a row hashed `prev_hash`."""
+def link(prev_hash: str, seq: int, event: AuditEvent, *, log_id: str) -> dict[str, Any]:
+    """Every column of the row that stores `event` at `seq` of chain `log_id`, after a row
+    hashed `prev_hash`.  The chain is not hashed into the row: the signed checkpoints name it."""
     body = encode_event(event)
     row = columns(event)
+    row["log_id"] = log_id
     row["seq"] = seq
     row["body"] = body.decode("utf-8")
     row["prev_hash"] = prev_hash

@@ -8,7 +8,8 @@
     ├── AuditRejected           the database refused one event (its event_id is already stored)
     ├── InvalidQuery            a search filter that cannot be right (a naive datetime)
     │   └── InvalidCursor       a search cursor this code did not issue
-    └── AuditCorrupt            a stored row no longer decodes: run `verify`
+    ├── AuditCorrupt            a stored row no longer decodes: run `verify`
+    └── AuditChainBusy          another running process holds this writer's chain
 
 Messages never contain field values: an event is metadata, but a caller's bug could still put
 something in it that has no place in a log line.
@@ -17,6 +18,7 @@ something in it that has no place in a log line.
 from __future__ import annotations
 
 __all__ = [
+    "AuditChainBusy",
     "AuditCorrupt",
     "AuditError",
     "AuditRejected",
@@ -53,3 +55,7 @@ class InvalidCursor(InvalidQuery):
 
 class AuditCorrupt(AuditError):
     """A stored row does not decode as an audit event; `verify` says where the log was altered."""
+
+
+class AuditChainBusy(AuditError):
+    """Another running process writes this chain: each writer needs its own (`[audit] chain`)."""

@@ -145,8 +145,9 @@ class AuditEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """A stored event with its place in the chain (what search, get and export return)."""
+    """A stored event with its place in its chain (what search, get and export return)."""
 
+    chain: str  # the writer's chain (`log_id`)
     seq: int
     event: AuditEvent
     prev_hash: str

@@ -1,8 +1,9 @@
 """Export the audit log as JSON Lines, CSV or OCSF, streamed as bytes.
 
-- `jsonl`: one object per row, `{"seq", "prev_hash", "row_hash", "event"}` where `event` is the
-  stored canonical body byte for byte, so the export can be re-verified away from the database
-  (row_hash = SHA-256(prev_hash || seq || ts_us || event), see `chain.py`).
+- `jsonl`: one object per row, `{"chain", "seq", "prev_hash", "row_hash", "event"}` where
+  `event` is the stored canonical body byte for byte, so each chain of the export can be
+  re-verified away from the database (row_hash = SHA-256(prev_hash || seq || ts_us || event),
+  see `chain.py`; a chain's rows link in seq order).
 - `csv`: one header line, one line per row; a cell that starts with `=`, `+`, `-`, `@`, tab or
   CR is prefixed with `'` so a spreadsheet shows it instead of evaluating it.
 - `ocsf`: one OCSF 1.1 event per line: API Activity (class 6003, category 6) for everything
@@ -11,8 +12,9 @@
   `detail.op` says so), 99 other; status_id: 1 success, 2 failure or denied, 99 cancelled.
   Fields OCSF has no place for go under `unmapped`.
 
-Rows are read in pages in `seq` order, so an export started while the writer appends is a
-consistent prefix of the log; `max_rows` caps it (resource limits are the caller's policy).
+Rows are read in pages in the search's merged order (event time, chain, seq; `query.py` says
+what that means for rows committed while an export runs); `max_rows` caps it (resource limits
+are the caller's policy).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .event import AuditRecord, ts_us
-from .query import AuditFilter, record, rows
+from .query import START, AuditFilter, position, record, rows
 
 __all__ = [
     "CSV_COLUMNS",
@@ -45,6 +47,7 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _encoder = msgspec.json.Encoder(order="sorted")
 
 CSV_COLUMNS = (
+    "chain",
     "seq",
     "event_id",
     "ts",
@@ -87,14 +90,14 @@ CSV_COLUMNS = (
 async def _pages(
     engine: AsyncEngine, flt: AuditFilter, max_rows: int | None
 ) -> AsyncIterator[list[Row[Any]]]:
-    after, left = 0, max_rows
+    after, left = START, max_rows
     while left is None or left > 0:
         limit = _PAGE if left is None else min(_PAGE, left)
         page = await rows(engine, flt, after=after, limit=limit)
         if not page:
             return
         yield page
-        after = int(page[-1].seq)
+        after = position(page[-1])
         if left is not None:
             left -= len(page)
         if len(page) < limit:
@@ -108,6 +111,7 @@ async def export_jsonl(
         lines = [
             _encoder.encode(
                 {
+                    "chain": str(row.log_id),
                     "seq": int(row.seq),
                     "prev_hash": row.prev_hash,
                     "row_hash": row.row_hash,
@@ -135,6 +139,7 @@ def csv_safe(value: object) -> str:
 def _csv_row(rec: AuditRecord) -> list[str]:
     ev, who = rec.event, rec.event.principal
     values: dict[str, object] = {
+        "chain": rec.chain,
         "seq": rec.seq,
         "ts": ev.ts.isoformat().replace("+00:00", "Z"),
         "key_id": who.key_id if who else None,
@@ -213,7 +218,7 @@ def ocsf_event(rec: AuditRecord) -> dict[str, Any]:
             "uid": ev.event_id,
             "correlation_uid": ev.request_id,
             "sequence": rec.seq,
-            "log_name": "airgate-audit",
+            "log_name": f"airgate-audit/{rec.chain}",
             "product": {"name": "airgate", "vendor_name": "airgate"},
         },
         "http_request": {"url": {"path": ev.route}} if ev.route else None,

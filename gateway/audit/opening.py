@@ -1,4 +1,4 @@
-"""Before a writer appends to a log: is this the log the witnesses saw last?
+"""Before a writer appends to its chain: is this the chain the witnesses saw last?
 
 At start the head read from the database is held against the latest checkpoint each witness
 kept for this log.  The log must be at least as long, in the same epoch or a later one, and the
@@ -54,11 +54,12 @@ async def witnessed(witnesses: Sequence[Witness], log_id: str) -> list[tuple[str
     return found
 
 
-async def _stored(engine: AsyncEngine, checkpoint_id: int) -> Checkpoint | None:
+async def _stored(engine: AsyncEngine, log_id: str, checkpoint_id: int) -> Checkpoint | None:
+    c = audit_checkpoints.c
     async with engine.connect() as conn:
         row = (
             await conn.execute(
-                select(audit_checkpoints).where(audit_checkpoints.c.id == checkpoint_id)
+                select(audit_checkpoints).where(c.log_id == log_id, c.id == checkpoint_id)
             )
         ).first()
     return checkpoint_from_row(row) if row else None
@@ -74,15 +75,10 @@ async def check_opening(
 ) -> None:
     """Raise `AuditCorrupt` unless `head` may be continued (see the module's docstring)."""
     mine = head.checkpoint
-    if mine is not None and mine.log_id != signing.log_id:
-        raise AuditCorrupt(
-            f"this audit database holds log {mine.log_id}, but this data directory's log is "
-            f"{signing.log_id}: point [audit] database_url at this gateway's own database"
-        )
     if mine is None and not genesis:
         raise AuditCorrupt(
-            "the audit database is empty, but this data directory already has its keys from "
-            f"an earlier start: the log was lost or reset. {_FIX}"
+            f"the audit database holds nothing of chain {signing.log_id}, but this data "
+            f"directory has written it before: the log was lost or reset. {_FIX}"
         )
     for name, seen in await witnessed(witnesses, signing.log_id):
         where = (
@@ -102,7 +98,7 @@ async def check_opening(
                 f"{where}, but the log ends at size {head.seq} (checkpoint {mine.id}): "
                 f"rows were removed. {_FIX}"
             )
-        stored = await _stored(engine, seen.id)
+        stored = await _stored(engine, signing.log_id, seen.id)
         if stored is None or stored.message() != seen.message():
             raise AuditCorrupt(
                 f"{where}, but the database's checkpoint {seen.id} differs: the log was "

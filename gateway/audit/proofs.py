@@ -23,13 +23,19 @@ class ProvedCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
     proof: list[str]  # hex nodes, RFC 6962 order
 
 
-async def latest_with_proof(engine: AsyncEngine, from_size: int | None) -> ProvedCheckpoint | None:
-    """The latest checkpoint and, for `0 < from_size <= its size`, the proof that the tree of
-    `from_size` rows is a prefix of it.  None when the log has no checkpoint."""
+async def latest_with_proof(
+    engine: AsyncEngine, log_id: str, from_size: int | None
+) -> ProvedCheckpoint | None:
+    """Chain `log_id`'s latest checkpoint and, for `0 < from_size <= its size`, the proof that
+    the tree of `from_size` rows is a prefix of it.  None when the chain has no checkpoint."""
+    cps, ev = audit_checkpoints.c, audit_events.c
     async with engine.connect() as conn:
         row = (
             await conn.execute(
-                select(audit_checkpoints).order_by(audit_checkpoints.c.id.desc()).limit(1)
+                select(audit_checkpoints)
+                .where(cps.log_id == log_id)
+                .order_by(cps.id.desc())
+                .limit(1)
             )
         ).first()
         if row is None:
@@ -44,9 +50,9 @@ async def latest_with_proof(engine: AsyncEngine, from_size: int | None) -> Prove
         while after < latest.size:
             page = (
                 await conn.execute(
-                    select(audit_events.c.seq, audit_events.c.row_hash)
-                    .where(audit_events.c.seq > after, audit_events.c.seq <= latest.size)
-                    .order_by(audit_events.c.seq)
+                    select(ev.seq, ev.row_hash)
+                    .where(ev.log_id == log_id, ev.seq > after, ev.seq <= latest.size)
+                    .order_by(ev.seq)
                     .limit(_PAGE)
                 )
             ).all()

@@ -34,22 +34,23 @@ _TERMINAL = frozenset(
 _PAGE = 2000
 
 
-async def orphans(engine: AsyncEngine) -> list[AuditEvent]:
-    """The `inference.admitted` events since the last clean stop that have no terminal
-    event (a start that itself died before its reconciliation committed is covered too)."""
+async def orphans(engine: AsyncEngine, log_id: str) -> list[AuditEvent]:
+    """The `inference.admitted` events of chain `log_id` since its last clean stop that have
+    no terminal event (a start that itself died before its reconciliation committed is covered
+    too).  Each writer reconciles only its own chain: another replica's admissions may still
+    be running."""
+    cps = audit_checkpoints.c
     async with engine.connect() as conn:
         last_kind = (
             await conn.execute(
-                select(audit_checkpoints.c.kind).order_by(audit_checkpoints.c.id.desc()).limit(1)
+                select(cps.kind).where(cps.log_id == log_id).order_by(cps.id.desc()).limit(1)
             )
         ).scalar()
         if last_kind is None or last_kind == "close":
             return []
         closed = (
             await conn.execute(
-                select(func.max(audit_checkpoints.c.last_seq)).where(
-                    audit_checkpoints.c.kind == "close"
-                )
+                select(func.max(cps.last_seq)).where(cps.log_id == log_id, cps.kind == "close")
             )
         ).scalar()
         after = int(closed or 0)
@@ -59,6 +60,7 @@ async def orphans(engine: AsyncEngine) -> list[AuditEvent]:
                 await conn.execute(
                     select(audit_events.c.seq, audit_events.c.kind, audit_events.c.body)
                     .where(
+                        audit_events.c.log_id == log_id,
                         audit_events.c.seq > after,
                         audit_events.c.kind.in_(("inference.admitted", *_TERMINAL)),
                     )

@@ -1,10 +1,12 @@
-"""The audit tables, on the shared `gateway.db.metadata` (Alembic revisions `20261129_01_audit`
-and `20261202_01_tamper`).
+"""The audit tables, on the shared `gateway.db.metadata` (Alembic revisions `20261129_01_audit`,
+`20261202_01_tamper` and `20261203_01_chains`).
 
-`audit_events` is the hash chain: `seq` is assigned by the one writer, gapless from 1; `body` is
-the event's canonical JSON (TEXT, not JSONB: the chain hashes its exact bytes); the other columns
-copy values out of the body for the compliance filters.  `audit_checkpoints` holds the signed
-tree heads (`checkpoint.py`).
+The log is a set of chains, one per writer (`log_id`: each replica appends to its own, so
+replicas never contend for a sequence number).  `audit_events` holds every chain's rows: `seq`
+is assigned by the chain's one writer, gapless from 1; `body` is the event's canonical JSON
+(TEXT, not JSONB: the chain hashes its exact bytes); the other columns copy values out of the
+body for the compliance filters, which read the chains merged by time (`ts_us`, then chain and
+seq).  `audit_checkpoints` holds each chain's signed tree heads (`checkpoint.py`).
 
 Both tables are append-only.  The migrations add triggers that reject UPDATE and DELETE (and
 TRUNCATE on PostgreSQL; on SQLite also an INSERT out of order); on PostgreSQL also grant the
@@ -27,6 +29,7 @@ __all__ = ["append_only_intact", "audit_checkpoints", "audit_events"]
 audit_events = Table(
     "audit_events",
     metadata,
+    Column("log_id", String(32), primary_key=True),  # the chain
     Column("seq", BigInteger, primary_key=True, autoincrement=False),
     Column("event_id", String(64), nullable=False, unique=True),
     Column("ts_us", BigInteger, nullable=False),
@@ -39,19 +42,20 @@ audit_events = Table(
     Column("body", Text, nullable=False),
     Column("prev_hash", String(64), nullable=False),
     Column("row_hash", String(64), nullable=False),
-    Index(None, "ts_us"),
-    Index(None, "key_id", "seq"),
-    Index(None, "team", "seq"),
-    Index(None, "model", "seq"),
-    Index(None, "kind", "seq"),
-    Index(None, "outcome", "seq"),
+    # the merged order, and each filter in that order
+    Index(None, "ts_us", "log_id", "seq"),
+    Index(None, "key_id", "ts_us"),
+    Index(None, "team", "ts_us"),
+    Index(None, "model", "ts_us"),
+    Index(None, "kind", "ts_us"),
+    Index(None, "outcome", "ts_us"),
 )
 
 audit_checkpoints = Table(
     "audit_checkpoints",
     metadata,
+    Column("log_id", String(32), primary_key=True),
     Column("id", BigInteger, primary_key=True, autoincrement=False),
-    Column("log_id", String(32), nullable=False),
     Column("epoch", Integer, nullable=False),
     Column("kind", String(8), nullable=False),
     Column("first_seq", BigInteger, nullable=False),
@@ -64,7 +68,7 @@ audit_checkpoints = Table(
     Column("key_id", String(16), nullable=False),
     Column("signature", String(128), nullable=False),
     Column("frontier", Text, nullable=False),  # the writer's cache: the tree's right edge
-    Index(None, "last_seq"),
+    Index(None, "log_id", "last_seq"),
 )
 
 _TRIGGERS = {

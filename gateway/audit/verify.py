@@ -1,6 +1,9 @@
-"""Verify the audit log offline: the hash chain, the signed tree heads, and every witness.
+"""Verify the audit log offline: the hash chains, the signed tree heads, and every witness.
 
-One function for the compliance API and the CLI; it only reads.  It reads the last seq first,
+The log is a set of chains, one per writer; each is verified on its own (`verify`), with its
+own checkpoints and the witnesses' checkpoints of that chain, against the same pinned keys
+(every replica's), and `verify_log` reports them all.  One code path for the compliance API
+and the CLI; it only reads.  For a chain it reads the last seq first,
 then the checkpoints, then the rows up to that seq: rows and their checkpoint commit together,
 so every row it reads is covered by a checkpoint it has read.
 
@@ -33,7 +36,7 @@ checked (`tree_checked` is false): tree heads and witnesses need every row from 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 from sqlalchemy import Row, func, select
@@ -43,90 +46,35 @@ from bundles.kms.signer import VerifyKey
 
 from .chain import GENESIS, columns, row_hash
 from .checkpoint import Checkpoint, check_signature, checkpoint_from_row, checkpoint_hash
+from .errors import InvalidQuery
 from .event import decode_event
 from .merkle import CompactTree
 from .schema import append_only_intact, audit_checkpoints, audit_events
+from .verify_report import (
+    CHAIN_REASONS,
+    MAX_PROBLEMS,
+    EpochLoss,
+    LogReport,
+    Problem,
+    Reason,
+    VerifyReport,
+    WitnessReport,
+)
 from .witness import latest_of
 
-__all__ = ["EpochLoss", "Problem", "Reason", "VerifyReport", "WitnessReport", "verify"]
-
-Reason = Literal[
-    "gap",
-    "prev_hash_mismatch",
-    "row_hash_mismatch",
-    "body_invalid",
-    "column_mismatch",
-    "checkpoint_missing",
-    "checkpoint_link_mismatch",
-    "checkpoint_range_invalid",
-    "checkpoint_bad_signature",
-    "checkpoint_untrusted_key",
-    "checkpoint_root_mismatch",
-    "unsigned_row",
-    "no_checkpoint",
-    "no_trusted_key",
-    "append_only_missing",
-    "witness_truncated",
-    "witness_diverged",
-    "witness_rolled_back",
-    "witness_untrusted",
-]
-_CHAIN_REASONS = frozenset(
-    {"gap", "prev_hash_mismatch", "row_hash_mismatch", "body_invalid", "column_mismatch"}
-)
 _PAGE = 2000
-MAX_PROBLEMS = 1000
 
-
-class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One finding: the seq it concerns (0: the log as a whole) and why."""
-
-    seq: int
-    reason: Reason
-    checkpoint_id: int | None = None
-    witness: str | None = None
-    witnessed_size: int | None = None
-
-
-class WitnessReport(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    checkpoints: int  # of this log
-    latest_epoch: int | None
-    latest_size: int | None
-    ok: bool
-
-
-class EpochLoss(msgspec.Struct, frozen=True, kw_only=True):
-    """A declared loss: a witnessed epoch reached `witnessed_size`, the next began at
-    `resumed_at`."""
-
-    epoch: int
-    witnessed_size: int
-    resumed_at: int
-
-
-class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
-    ok: bool  # no problem at all
-    log_id: str | None
-    epoch: int | None
-    first_seq: int | None  # the range examined (None: the log is empty)
-    last_seq: int | None
-    rows: int  # rows read in the range
-    gaps: list[tuple[int, int]]  # missing seq ranges, inclusive
-    chain_ok: bool
-    tree_checked: bool
-    first_bad_seq: int | None
-    reason: Reason | None  # why first_bad_seq is bad
-    problems: list[Problem]  # in seq order, at most MAX_PROBLEMS
-    problem_count: int
-    trusted_keys: list[str]  # the key ids signatures were checked against
-    checkpoints_checked: int
-    checkpoints_failed: int
-    checkpoints_untrusted: int
-    witnesses: list[WitnessReport]
-    epoch_losses: list[EpochLoss]
-    chain_only_from: int | None  # first row after the last checkpoint (always a problem)
-    chain_only_rows: int
+__all__ = [
+    "EpochLoss",
+    "LogReport",
+    "Problem",
+    "Reason",
+    "VerifyReport",
+    "WitnessReport",
+    "chains",
+    "verify",
+    "verify_log",
+]
 
 
 class _Findings:
@@ -156,7 +104,7 @@ class _Findings:
         if (
             best is None
             or seq < best.seq
-            or (seq == best.seq and reason in _CHAIN_REASONS and best.reason not in _CHAIN_REASONS)
+            or (seq == best.seq and reason in CHAIN_REASONS and best.reason not in CHAIN_REASONS)
         ):
             self.first_bad = found
 
@@ -297,23 +245,77 @@ def _check_witnesses(
     return reports, list(losses.values())
 
 
-async def verify(
+async def chains(
+    engine: AsyncEngine, witnesses: Sequence[tuple[str, list[Checkpoint]]] = ()
+) -> list[str]:
+    """The ids of every chain the log holds (a checkpoint or a row) or a witness saw, sorted:
+    a chain deleted whole from the database is still verified, and fails, by its witnesses."""
+    async with engine.connect() as conn:
+        found = set((await conn.execute(select(audit_checkpoints.c.log_id).distinct())).scalars())
+        found |= set((await conn.execute(select(audit_events.c.log_id).distinct())).scalars())
+    found |= {cp.log_id for _, kept in witnesses for cp in kept}
+    return sorted(str(log_id) for log_id in found)
+
+
+async def verify_log(
     engine: AsyncEngine,
     trusted_keys: Iterable[VerifyKey],
     *,
     witnesses: Sequence[tuple[str, list[Checkpoint]]] = (),
+    chain: str | None = None,
+    first_seq: int | None = None,
+    last_seq: int | None = None,
+) -> LogReport:
+    """Every chain of the log (or only `chain`), each verified on its own (`verify`)."""
+    keys = list(trusted_keys)
+    names = [chain] if chain is not None else await chains(engine, witnesses)
+    reports = [
+        await verify(
+            engine,
+            keys,
+            log_id=name,
+            witnesses=witnesses,
+            first_seq=first_seq,
+            last_seq=last_seq,
+        )
+        for name in names
+    ]
+    return LogReport(
+        ok=bool(reports) and all(r.ok for r in reports),
+        chains=reports,
+        problem_count=sum(r.problem_count for r in reports),
+        trusted_keys=sorted(k.key_id for k in keys),
+    )
+
+
+async def verify(
+    engine: AsyncEngine,
+    trusted_keys: Iterable[VerifyKey],
+    *,
+    log_id: str | None = None,
+    witnesses: Sequence[tuple[str, list[Checkpoint]]] = (),
     first_seq: int | None = None,
     last_seq: int | None = None,
 ) -> VerifyReport:
-    """Check the log (or the chain over `first_seq..last_seq`) against pinned keys and the
-    checkpoints each witness kept (name, checkpoints)."""
+    """Check chain `log_id` (None: the log's only chain) or its rows `first_seq..last_seq`
+    against pinned keys and the checkpoints each witness kept (name, checkpoints)."""
+    if log_id is None:
+        found_chains = await chains(engine, witnesses)
+        if len(found_chains) > 1:
+            raise InvalidQuery("the log has several chains: name the one to verify")
+        log_id = found_chains[0] if found_chains else ""
     trusted = {k.key_id: k for k in trusted_keys}
     found = _Findings()
     if not trusted:
         found.add(0, "no_trusted_key")
+    ev, cps = audit_events.c, audit_checkpoints.c
     async with engine.connect() as conn:
-        max_seq = int((await conn.execute(select(func.max(audit_events.c.seq)))).scalar() or 0)
-        cp_rows = await conn.execute(select(audit_checkpoints).order_by(audit_checkpoints.c.id))
+        max_seq = int(
+            (await conn.execute(select(func.max(ev.seq)).where(ev.log_id == log_id))).scalar() or 0
+        )
+        cp_rows = await conn.execute(
+            select(audit_checkpoints).where(cps.log_id == log_id).order_by(cps.id)
+        )
         checkpoints = [checkpoint_from_row(r) for r in cp_rows.all()]
         if not await append_only_intact(conn):
             found.add(0, "append_only_missing")
@@ -324,13 +326,13 @@ async def verify(
         prev: str | None = GENESIS
         if first > 1:
             prev_row = await conn.execute(
-                select(audit_events.c.row_hash).where(audit_events.c.seq == first - 1)
+                select(ev.row_hash).where(ev.log_id == log_id, ev.seq == first - 1)
             )
             prev = prev_row.scalar()
         sizes = {cp.size for cp in checkpoints} | {c.size for _, kept in witnesses for c in kept}
         rows = _Rows(found, first, prev, sizes)
         if first <= last:
-            await _read(conn, first, last, rows)
+            await _read(conn, log_id, first, last, rows)
             if rows.expected <= last:
                 rows.gap(rows.expected, last)
     if not checkpoints:
@@ -343,17 +345,18 @@ async def verify(
     unsigned = max(0, last - max(size, first - 1))
     if unsigned:
         found.add(last - unsigned + 1, "unsigned_row")
-    reports, losses = _check_witnesses(witnesses, checkpoints, rows.roots, max_seq, trusted, found)
+    mine = [(name, [c for c in kept if c.log_id == log_id]) for name, kept in witnesses]
+    reports, losses = _check_witnesses(mine, checkpoints, rows.roots, max_seq, trusted, found)
     first_bad = found.first_bad or found.whole
     return VerifyReport(
         ok=found.count == 0,
-        log_id=checkpoints[-1].log_id if checkpoints else None,
+        log_id=log_id,
         epoch=checkpoints[-1].epoch if checkpoints else None,
         first_seq=first if first <= last else None,
         last_seq=last if first <= last else None,
         rows=rows.rows,
         gaps=rows.gaps,
-        chain_ok=not any(p.reason in _CHAIN_REASONS for p in found.problems),
+        chain_ok=not any(p.reason in CHAIN_REASONS for p in found.problems),
         tree_checked=tree_checked,
         first_bad_seq=first_bad.seq if first_bad else None,
         reason=first_bad.reason if first_bad else None,
@@ -370,13 +373,14 @@ async def verify(
     )
 
 
-async def _read(conn: AsyncConnection, first: int, last: int, rows: _Rows) -> None:
+async def _read(conn: AsyncConnection, log_id: str, first: int, last: int, rows: _Rows) -> None:
     after = first - 1
+    ev = audit_events.c
     while after < last:
         query = (
             select(audit_events)
-            .where(audit_events.c.seq > after, audit_events.c.seq <= last)
-            .order_by(audit_events.c.seq)
+            .where(ev.log_id == log_id, ev.seq > after, ev.seq <= last)
+            .order_by(ev.seq)
             .limit(_PAGE)
         )
         page = (await conn.execute(query)).all()

@@ -1,4 +1,9 @@
-"""The one audit writer: a task that owns the chain head and commits events in groups.
+"""A chain's one writer: a task that owns the chain head and commits events in groups.
+
+Each writer appends to its own chain (`log_id`) of the shared tables; replicas on one database
+never contend for a sequence number.  On PostgreSQL the writer holds a session advisory lock
+on its chain for as long as it runs (`_lease.py`), so a second process configured with the same
+chain is refused at start instead of racing this one.
 
 Appenders put `(event, future)` on a queue and await the future; the writer takes everything
 queued (up to `batch_max`), extends the chain head with it (`_head.py`: the next sequence
@@ -40,6 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bundles.kms.signer import Signer
 
 from ._head import Head, Signing, extend, read_head, seal
+from ._lease import ChainLease
 from ._sqlite_batch import SqliteBatchWriter
 from .checkpoint import Checkpoint, CheckpointKind, signed
 from .errors import AuditCorrupt, AuditRejected, AuditUnavailable
@@ -100,6 +106,7 @@ class AuditWriter:
         self._closing = False
         self._head: Head | None = None
         self._sqlite: SqliteBatchWriter | None = None  # SQLite: batches in one thread hop
+        self._lease = ChainLease(engine, log_id)
         self.stats = WriterStats()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -108,17 +115,28 @@ class AuditWriter:
         """Check the stored log against the witnesses, sign the open checkpoint and start.
         `genesis=False` refuses an empty log (the data directory says one existed);
         `check=False` skips both (a new epoch, which marks its own).  Raises `AuditCorrupt`
-        (the message says what is wrong and what to do) or `AuditUnavailable`."""
+        (the message says what is wrong and what to do), `AuditChainBusy` (another process
+        writes this chain) or `AuditUnavailable`."""
         if self._task is not None:
             raise RuntimeError("the audit writer is already running")
         self._closing = False
-        head = await self._load_head()
-        if check:
-            await check_opening(self._engine, head, self.signing, self.witnesses, genesis=genesis)
-        self._sqlite = await SqliteBatchWriter.for_engine(self._engine)
-        self._head = head
-        if check:
-            await self.mark("open")
+        await self._lease.acquire()
+        try:
+            head = await self._load_head()
+            if check:
+                await check_opening(
+                    self._engine, head, self.signing, self.witnesses, genesis=genesis
+                )
+            self._sqlite = await SqliteBatchWriter.for_engine(self._engine)
+            self._head = head
+            if check:
+                await self.mark("open")
+        except BaseException:
+            if self._sqlite is not None:
+                await self._sqlite.close()
+                self._sqlite = None
+            await self._lease.release()
+            raise
         self._task = asyncio.create_task(self._run(), name="audit-writer")
         self.publisher.start()
 
@@ -143,6 +161,7 @@ class AuditWriter:
             if self._sqlite is not None:
                 await self._sqlite.close()
                 self._sqlite = None
+            await self._lease.release()
 
     async def __aenter__(self) -> AuditWriter:
         await self.start()
@@ -383,7 +402,7 @@ class AuditWriter:
 
     async def _load_head(self) -> Head:
         try:
-            return await read_head(self._engine)
+            return await read_head(self._engine, self.signing.log_id)
         except AuditCorrupt:
             raise
         except Exception as exc:

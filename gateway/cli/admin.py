@@ -24,16 +24,19 @@ from rich.table import Table
 
 from policies import PolicyError, lint, load_default_policy, load_policy_dir
 
+from ..access.auth import generate_api_key
 from ..access.keys import KeyRefused, key_admin
-from ..audit import AuditError, AuditFilter, export, search
-from ..config import Settings
+from ..audit import AuditChainBusy, AuditError, AuditFilter, export, search
+from ..config import ConfigError, Settings
 from ..db import create_db_engine, database_url
 from ..db.migrate import current_revision, head_revision, offline_sql, upgrade
 from .common import ConfigOpt, DataDirOpt, err, fail, load_cli_settings, out
 
-__all__ = ["audit_app", "db_app", "keys_app", "policy_app"]
+__all__ = ["audit_app", "db_app", "keys_app", "os_user", "policy_app"]
 
-keys_app = typer.Typer(help="API keys: create, list, revoke.", no_args_is_help=True)
+keys_app = typer.Typer(
+    help="API keys: create, list, revoke; new-secret (offline).", no_args_is_help=True
+)
 policy_app = typer.Typer(help="Policy documents: check, reload.", no_args_is_help=True)
 audit_app = typer.Typer(help="The audit log: search, export, verify.", no_args_is_help=True)
 db_app = typer.Typer(help="The audit/keys database schema.", no_args_is_help=True)
@@ -46,6 +49,10 @@ def _run(coro: Callable[[], Awaitable[T]]) -> T:
         return asyncio.run(coro())  # type: ignore[arg-type]
     except (OSError, ConnectionError) as exc:
         raise fail(f"the database cannot be reached ({type(exc).__name__})") from None
+    except ConfigError as exc:  # e.g. a configured pepper file that is missing
+        raise fail(f"configuration error: {exc}", 2) from None
+    except AuditChainBusy as exc:
+        raise fail(str(exc), 2) from None
 
 
 def _url(settings: Settings, database: str | None = None) -> str:
@@ -66,7 +73,7 @@ DatabaseOpt = Annotated[
 # --- keys ---------------------------------------------------------------------------------
 
 
-def _os_user() -> str:
+def os_user() -> str:
     """Who runs this command, for the audit log: the OS user name, percent-encoded where it is
     not printable ASCII (an audit subject has no spaces or control characters)."""
     try:
@@ -108,7 +115,7 @@ def keys_create(
     expires = datetime.now(UTC) + timedelta(days=expires_days) if expires_days else None
 
     async def create() -> tuple[str, Any]:
-        async with key_admin(settings, _os_user()) as keys:
+        async with key_admin(settings, os_user()) as keys:
             return await keys.create(
                 role, team=team, name=name, expires_at=expires, all_teams=all_teams
             )
@@ -116,6 +123,14 @@ def keys_create(
     key, record = _key_op(create)
     err.print(f"created key {record.key_id} (role {role}); it is shown this once:", markup=False)
     typer.echo(key)
+
+
+@keys_app.command("new-secret")
+def keys_new_secret() -> None:
+    """Print a fresh, well-formed API key and store it nowhere: for `[auth]
+    initial_admin_key_file`, which the first `serve` registers as the admin key.  Needs no
+    configuration and no database; pipe it straight into your secret manager."""
+    typer.echo(generate_api_key())
 
 
 _SCOPES = {"all_teams": "all teams", "team": "its team"}
@@ -131,7 +146,7 @@ def keys_list(
     settings = load_cli_settings(config, data_dir)
 
     async def listing() -> list[Any]:
-        async with key_admin(settings, _os_user()) as keys:
+        async with key_admin(settings, os_user()) as keys:
             return await keys.list()
 
     records = _key_op(listing)
@@ -180,7 +195,7 @@ def keys_revoke(
     settings = load_cli_settings(config, data_dir)
 
     async def revoke() -> bool:
-        async with key_admin(settings, _os_user()) as keys:
+        async with key_admin(settings, os_user()) as keys:
             return await keys.revoke(key_id)
 
     if not _key_op(revoke):

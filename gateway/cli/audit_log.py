@@ -28,18 +28,19 @@ from ..access.audit_log import (
     audit_log_id,
     audit_witnesses,
     open_audit_writer,
-    pepper_file,
     trusted_audit_keys,
 )
-from ..access.auth import KeyStore, load_or_create_pepper
-from ..audit import AuditCorrupt, AuditEvent, new_event_id, verify
+from ..access.auth import KeyStore
+from ..access.secrets import load_pepper
+from ..audit import AuditChainBusy, AuditCorrupt, AuditEvent, new_event_id, verify_log
 from ..audit._head import read_head
 from ..audit.checkpoint import Checkpoint, check_signature, encode_checkpoint, trusted_by_id
 from ..audit.merkle import verify_consistency
 from ..audit.opening import witnessed
 from ..audit.proofs import ProvedCheckpoint
+from ..audit.verify import chains
 from ..audit.witness import WitnessError, collect, read_witness_path
-from ..config import Settings
+from ..config import ConfigError, Settings
 from ..db import create_db_engine
 from ..db.migrate import ensure_schema
 from .admin import DatabaseOpt, _run, _url, audit_app
@@ -54,10 +55,10 @@ TrustedOpt = Annotated[
 
 
 def _pepper(settings: Settings) -> bytes:
-    pepper = pepper_file(settings)
-    if not pepper.exists():
-        raise fail("this data directory has no pepper: it never started a gateway", 2)
-    return load_or_create_pepper(pepper)
+    try:
+        return load_pepper(settings, create=False)
+    except ConfigError as exc:
+        raise fail(str(exc), 2) from None
 
 
 @audit_app.command("verify")
@@ -69,11 +70,14 @@ def audit_verify(
         list[Path] | None,
         typer.Option(help="A witness directory or checkpoint file to hold the log against."),
     ] = None,
+    chain: Annotated[
+        str | None, typer.Option(help="Only this chain (default: every chain).")
+    ] = None,
     database: DatabaseOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Verify the chain, the signed tree heads and every witness; exit 1 on any problem."""
+    """Verify every chain, the signed tree heads and every witness; exit 1 on any problem."""
     settings = load_cli_settings(config, data_dir)
     try:
         keys = trusted_audit_keys(settings, trusted_key or [])
@@ -86,25 +90,36 @@ def audit_verify(
             2,
         )
     try:
-        witnessed_ = collect(audit_witnesses(settings), None, witness or [])
+        witnessed_ = collect(audit_witnesses(settings), chain, witness or [])
     except WitnessError as exc:
         raise fail(str(exc), 2) from None
 
     async def run() -> Any:
         engine = create_db_engine(_url(settings, database))
         try:
-            return await verify(
-                engine, keys, witnesses=witnessed_, first_seq=first_seq, last_seq=last_seq
+            return await verify_log(
+                engine,
+                keys,
+                witnesses=witnessed_,
+                chain=chain,
+                first_seq=first_seq,
+                last_seq=last_seq,
             )
         finally:
             await engine.dispose()
 
     report = _run(run)
     typer.echo(json.dumps(msgspec.to_builtins(report), indent=2))
-    if not report.ok:
-        raise fail(
-            f"the audit log FAILED verification at seq {report.first_bad_seq} ({report.reason})"
+    if not report.chains:
+        raise fail("the audit log FAILED verification: it has no chain (nothing was signed)")
+    for failed in (c for c in report.chains if not c.ok):
+        typer.echo(
+            f"chain {failed.log_id} FAILED verification at seq {failed.first_bad_seq} "
+            f"({failed.reason})",
+            err=True,
         )
+    if not report.ok:
+        raise fail(f"the audit log FAILED verification ({len(report.chains)} chains)")
 
 
 @audit_app.command("witness")
@@ -120,24 +135,32 @@ def audit_witness(
     accept_new_epoch: Annotated[
         bool, typer.Option(help="Keep a checkpoint of a new epoch (after a declared loss).")
     ] = False,
+    chain: Annotated[
+        str | None,
+        typer.Option(
+            help="The chain to witness (default: the one your file keeps; else the gateway's "
+            "own, or the database's only one). One file per chain."
+        ),
+    ] = None,
     database: DatabaseOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Check the log's latest checkpoint against the one you kept, and keep it."""
+    """Check a chain's latest checkpoint against the one you kept, and keep it."""
     try:
         key = parse_verify_key(trusted_key)
         kept = read_witness_path(state) if state.exists() else []
     except (ValueError, WitnessError) as exc:
         raise fail(str(exc), 2) from None
     previous = max(kept, key=lambda c: (c.epoch, c.id), default=None)
+    chain = chain or (previous.log_id if previous else None)
     settings = None if url else load_cli_settings(config, data_dir)
 
     def fetch(from_size: int | None) -> ProvedCheckpoint:
         if url:
-            return _fetch(url, os.environ.get(api_key_env, ""), from_size)
+            return _fetch(url, os.environ.get(api_key_env, ""), chain, from_size)
         assert settings is not None
-        return _run(lambda: _local_proof(_url(settings, database), from_size))
+        return _run(lambda: _local_proof(_url(settings, database), chain, from_size))
 
     def fetch_signed(from_size: int | None) -> ProvedCheckpoint:
         proved = fetch(from_size)
@@ -189,8 +212,10 @@ def _consistent(previous: Checkpoint, latest: Checkpoint, proved: ProvedCheckpoi
     return verify_consistency(previous.size, latest.size, old, new, nodes)
 
 
-def _fetch(url: str, api_key: str, from_size: int | None) -> ProvedCheckpoint:
+def _fetch(url: str, api_key: str, chain: str | None, from_size: int | None) -> ProvedCheckpoint:
     params = {"from_size": str(from_size)} if from_size else {}
+    if chain:
+        params["chain"] = chain
     try:
         response = httpx.get(
             url.rstrip("/") + "/audit/checkpoints/latest",
@@ -208,12 +233,17 @@ def _fetch(url: str, api_key: str, from_size: int | None) -> ProvedCheckpoint:
         raise fail("the gateway's answer is not a checkpoint", 2) from None
 
 
-async def _local_proof(url: str, from_size: int | None) -> ProvedCheckpoint:
+async def _local_proof(url: str, chain: str | None, from_size: int | None) -> ProvedCheckpoint:
     from ..audit.proofs import latest_with_proof
 
     engine = create_db_engine(url)
     try:
-        proved = await latest_with_proof(engine, from_size)
+        if chain is None:
+            found = await chains(engine)
+            if len(found) > 1:
+                raise fail(f"the log has {len(found)} chains: name one with --chain", 2)
+            chain = found[0] if found else ""
+        proved = await latest_with_proof(engine, chain, from_size)
     finally:
         await engine.dispose()
     if proved is None:
@@ -248,8 +278,9 @@ async def _begin_epoch(settings: Settings, pepper: bytes) -> tuple[str, int, int
     engine = create_db_engine(url)
     keys = KeyStore(engine, pepper)
     try:
-        head = await read_head(engine)
-        seen = await witnessed(audit_witnesses(settings), audit_log_id(keys))
+        log_id = audit_log_id(settings, keys)
+        head = await read_head(engine, log_id)
+        seen = await witnessed(audit_witnesses(settings), log_id)
         last = max([head.epoch, *(cp.epoch for _, cp in seen)])
         lost = max((cp.size for _, cp in seen if cp.epoch == last), default=0)
         epoch = last + 1
@@ -271,8 +302,8 @@ async def _begin_epoch(settings: Settings, pepper: bytes) -> tuple[str, int, int
                     },
                 )
             )
-        return audit_log_id(keys), epoch, head.seq
-    except AuditCorrupt as exc:
+        return log_id, epoch, head.seq
+    except (AuditCorrupt, AuditChainBusy) as exc:
         raise fail(str(exc), 2) from None
     finally:
         await engine.dispose()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,7 +17,7 @@ from .. import env
 from ..config import ConfigError, Settings, load_settings
 from ..db.migrate import SchemaOutdated
 from . import audit_log as _audit_log  # noqa: F401  (registers `audit verify|witness|init`)
-from .admin import audit_app, db_app, keys_app, policy_app
+from .admin import audit_app, db_app, keys_app, os_user, policy_app
 from .audit_signer import audit_signer_app
 from .bundles import bundle_app, kms_app, signing_key_app
 
@@ -101,6 +104,8 @@ def serve(
     lock = _lock_data_dir(Path(settings.data_dir))
     try:
         _run(settings, allow_plaintext=insecure_plaintext_model)
+    except ConfigError as exc:  # a secret the configuration names (the pepper), unusable
+        raise _fail(f"configuration error: {exc}") from None
     except SchemaOutdated as exc:  # PostgreSQL is migrated only when asked to
         raise _fail(
             f"{exc}; or let `airgate serve` migrate it: `[audit] migrate = true`", code=2
@@ -118,7 +123,9 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
 
     from ..access.keys import bootstrap_admin_key
     from ..app import create_app
+    from ..audit import AuditError
     from ..engines.runtime import build_registry
+    from ..http.drain import CLOSE_GRACE_S, Drain, DrainingServer
     from ..telemetry.logs import configure_logging
 
     # A core dump of this process could hold prompts: never write one.
@@ -133,22 +140,19 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
             err=True,
         )
     _check_audit_log(settings)
-    first_key = asyncio.run(bootstrap_admin_key(settings))
-    if first_key is not None:
-        typer.secho(
-            f"airgate: first start: an admin API key was created. It is shown this once:\n\n"
-            f"    {first_key}\n\nKeep it safe; create app keys with it (POST /admin/keys) or "
-            "with `airgate keys create`.",
-            fg=typer.colors.YELLOW,
-            err=True,
-        )
+    hand_over = functools.partial(_hand_over_first_key, Path(settings.data_dir))
+    try:
+        asyncio.run(bootstrap_admin_key(settings, os_user(), hand_over))
+    except AuditError as exc:  # no key without its audit record
+        raise _fail(f"the first admin key cannot be audited, so none was made: {exc}") from None
     try:
         registry = build_registry(settings, allow_plaintext=allow_plaintext)
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}") from None
     except BundleError as exc:
         raise _fail(f"cannot serve the configured bundles: {exc}", code=1) from None
-    app_ = create_app(settings, registry=registry)
+    drain = Drain(settings.server.drain_timeout_s)
+    app_ = create_app(settings, registry=registry, drain=drain)
     from ..http.server_protocol import http_protocol
 
     tls: dict[str, Any] = {}
@@ -163,7 +167,7 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
             "ssl_ca_certs": mtls.ca_file,
             "ssl_cert_reqs": ssl.CERT_REQUIRED,
         }
-    server = uvicorn.Server(
+    server = DrainingServer(
         uvicorn.Config(
             app_,
             host=settings.server.host,
@@ -179,8 +183,11 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
             # X-Forwarded-* from a local client would otherwise rewrite the client address
             # (uvicorn trusts 127.0.0.1 by default); nothing here sits behind a proxy by default
             proxy_headers=False,
-            timeout_graceful_shutdown=int(settings.server.shutdown_grace_s),
-        )
+            # after the drain (SIGTERM: finish or cut what runs, see http/drain.py), for the
+            # last bytes to reach clients
+            timeout_graceful_shutdown=CLOSE_GRACE_S,
+        ),
+        drain,
     )
     registry.request_shutdown = lambda: setattr(server, "should_exit", True)
     server.run()
@@ -190,15 +197,44 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
         raise _fail("the server could not start (see the log above)", code=1)
 
 
+FIRST_KEY_FILE = "initial-admin-key"
+
+
+def _hand_over_first_key(data_dir: Path, key: str) -> None:
+    """Give the first admin key to the operator once, never to a log: on a terminal it is
+    printed; otherwise stderr is a journal or a pod log, so it goes to a 0600 file in the data
+    directory and the log says only where."""
+    if sys.stderr.isatty():
+        typer.secho(
+            f"airgate: first start: an admin API key was created. It is shown this once:\n\n"
+            f"    {key}\n\nKeep it safe; create app keys with it (POST /admin/keys) or "
+            "with `airgate keys create`.",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+        return
+    path = data_dir / FIRST_KEY_FILE
+    # one left by an earlier first start holds no active admin key (else none would be made
+    # now); created anew, never opened as it is (it could be a link to elsewhere)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(key + "\n")
+    logging.getLogger("airgate.keys").info(
+        "first start: an admin API key was written to %s (mode 0600); read it, store it in "
+        "your secret manager and delete the file",
+        path,
+    )
+
+
 def _check_audit_log(settings: Settings) -> None:
     """Refuse to start over a lost, truncated, rolled-back or foreign audit log (exit 2)."""
-    from ..access.audit_log import check_audit_log, has_history
-    from ..audit import AuditCorrupt
+    from ..access.audit_log import check_audit_log
+    from ..audit import AuditChainBusy, AuditCorrupt
 
-    history = has_history(settings)  # before anything below creates the data dir's keys
     try:
-        asyncio.run(check_audit_log(settings, history=history))
-    except AuditCorrupt as exc:
+        asyncio.run(check_audit_log(settings))
+    except (AuditCorrupt, AuditChainBusy) as exc:
         raise _fail(f"the audit log cannot be continued: {exc}", code=2) from None
 
 

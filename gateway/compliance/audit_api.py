@@ -6,9 +6,11 @@ events (`_audit_teams` says how).
                                   cursor pagination (`next_cursor`)
     GET /audit/events/{event_id}
     GET /audit/export?format=jsonl|csv|ocsf   (streamed; the same filters)
-    GET /audit/verify?first_seq=&last_seq=    chain, gaps, checkpoints, witnesses, first bad seq
-    GET /audit/checkpoints/latest?from_size=  the latest signed tree head, with a consistency
-                                              proof from an earlier size
+    GET /audit/verify?chain=&first_seq=&last_seq=   every chain (or one): gaps, checkpoints,
+                                  witnesses, first bad seq
+    GET /audit/checkpoints/latest?chain=&from_size=  a chain's latest signed tree head (default:
+                                  this replica's chain), with a consistency proof from an
+                                  earlier size
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ from ..audit import (
     Outcome,
     export,
     search,
-    verify,
+    verify_log,
 )
 from ..audit import get as get_event
 from ..audit.proofs import latest_with_proof
-from ..audit.query import MAX_SEQ
+from ..audit.query import CHAIN_PATTERN, MAX_SEQ
 from ..audit.witness import WitnessError, collect
 from ..errors import InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
 from ..http.guards import record_access, role_required
@@ -205,26 +207,27 @@ async def export_events(
 
 
 @get("/verify")
-async def verify_log(
+async def verify_log_route(
     request: Request[Any, Any, Any],
     security: NamedDependency[Security],
     principal: NamedDependency[Principal],
+    chain: Annotated[str | None, QueryParameter(pattern=CHAIN_PATTERN)] = None,
     first_seq: Annotated[int | None, QueryParameter(ge=1, le=MAX_SEQ)] = None,
     last_seq: Annotated[int | None, QueryParameter(ge=1, le=MAX_SEQ)] = None,
 ) -> Response[bytes]:
-    """Verify the chain, the signed tree heads and the witnesses against the pinned keys (the
-    same function as the CLI)."""
+    """Verify every chain (or one), the signed tree heads and the witnesses against the pinned
+    keys (the same function as the CLI)."""
     if first_seq is not None and last_seq is not None and first_seq > last_seq:
         raise InvalidRequest("first_seq must not be above last_seq", param="first_seq")
-    log_id = security.audit.signing.log_id
     try:
-        witnessed = await asyncio.to_thread(collect, security.audit.witnesses, log_id)
+        witnessed = await asyncio.to_thread(collect, security.audit.witnesses, chain)
     except WitnessError as exc:
         raise ServiceUnavailable(str(exc)) from None
-    report = await verify(
+    report = await verify_log(
         security.engine,
         security.trusted_audit_keys,
         witnesses=witnessed,
+        chain=chain,
         first_seq=first_seq,
         last_seq=last_seq,
     )
@@ -236,7 +239,11 @@ async def verify_log(
         action="audit.verify",
         outcome="success",
         status=200,
-        detail={"ok": int(report.ok), "rows": report.rows},
+        detail={
+            "ok": int(report.ok),
+            "chains": len(report.chains),
+            "rows": sum(c.rows for c in report.chains),
+        },
     )
     return _json(report)
 
@@ -246,14 +253,16 @@ async def latest_checkpoint(
     request: Request[Any, Any, Any],
     security: NamedDependency[Security],
     principal: NamedDependency[Principal],
+    chain: Annotated[str | None, QueryParameter(pattern=CHAIN_PATTERN)] = None,
     from_size: FromQuery[int | None] = None,
 ) -> Response[bytes]:
-    """The latest signed checkpoint and, with `from_size`, the RFC 6962 consistency proof from
-    the tree of that size to it (for a witness that keeps checkpoints, not rows)."""
+    """A chain's latest signed checkpoint and, with `from_size`, the RFC 6962 consistency proof
+    from the tree of that size to it (for a witness that keeps checkpoints, not rows)."""
     if from_size is not None and not 0 <= from_size < 2**63:
         raise InvalidRequest("from_size is out of range", param="from_size")
+    log_id = chain if chain is not None else security.audit.signing.log_id
     try:
-        proved = await latest_with_proof(security.engine, from_size)
+        proved = await latest_with_proof(security.engine, log_id, from_size)
     except InvalidQuery as exc:
         raise InvalidRequest(str(exc), param="from_size") from None
     if proved is None:
@@ -266,14 +275,14 @@ async def latest_checkpoint(
         action="audit.checkpoint",
         outcome="success",
         status=200,
-        detail={"size": proved.checkpoint.size},
+        detail={"chain": log_id, "size": proved.checkpoint.size},
     )
     return _json(proved)
 
 
 compliance_router = Router(
     path="/audit",
-    route_handlers=[list_events, one_event, export_events, verify_log, latest_checkpoint],
+    route_handlers=[list_events, one_event, export_events, verify_log_route, latest_checkpoint],
     dependencies={
         "principal": role_required("audit.access", "auditor", "admin"),
         "teams": Provide(_audit_teams),

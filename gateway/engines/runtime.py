@@ -8,6 +8,7 @@ the operator passed `--insecure-plaintext-model`.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
@@ -80,6 +81,8 @@ def _vllm_options(model: ModelSettings, manifest: Manifest | None = None) -> Vll
         max_model_len=max_len,
         gpu_memory_utilization=v.gpu_memory_utilization,
         tensor_parallel_size=v.tensor_parallel_size,
+        pipeline_parallel_size=v.pipeline_parallel_size,
+        distributed_executor_backend=v.distributed_executor_backend,
         enforce_eager=v.enforce_eager,
         kv_cache_space_gib=v.kv_cache_space_gib,
         max_num_seqs=v.max_num_seqs,
@@ -125,11 +128,33 @@ def _task(model: ModelSettings, manifest: Manifest | None) -> Task:
     return "embed" if hint == "embed" else "generate"
 
 
+def _check_executor(model: ModelSettings, weights: str | ModelSource) -> None:
+    """Refuse, before anything loads, a Ray executor that cannot work.
+
+    A bundle is decrypted into this node's memory only (a private tmpfs directory, removed once
+    loaded): vLLM's "mp" workers, processes on this node, read it; Ray may place workers on
+    other nodes, which cannot.  A plain model directory (on storage every node mounts) may use
+    Ray, once it is installed.
+    """
+    if model.vllm is None or model.vllm.distributed_executor_backend != "ray":
+        return
+    setting = f'deployment {model.deployment!r}: distributed_executor_backend = "ray"'
+    if not isinstance(weights, str):
+        raise ConfigError(
+            f"{setting} cannot load a bundle: its decrypted weights exist only in this node's "
+            'memory, out of reach of Ray workers on other nodes; use "mp" (every worker on '
+            "this node)"
+        )
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(f"{setting} needs Ray, which is not installed")
+
+
 def _new_engine(
     settings: Settings, model: ModelSettings, weights: str | ModelSource, manifest: Manifest | None
 ) -> Engine:
     embed = _task(model, manifest) == "embed"
     if model.engine == "vllm":
+        _check_executor(model, weights)
         options = _vllm_options(model, manifest)
         return VllmEmbedder(weights, options) if embed else VllmEngine(weights, options)
     if embed:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from ..engines.registry import ModelRegistry
@@ -76,10 +76,27 @@ class _GaugeCollector(Collector):
             yield GaugeMetricFamily(name, text, value=value)
 
 
+class _InfoCollector(Collector):
+    """`<name>_info{labels} 1`, the labels read at scrape time (None: no series)."""
+
+    def __init__(self, name: str, text: str, read: Callable[[], dict[str, str] | None]) -> None:
+        self._name, self._text, self._read = name, text, read
+
+    def collect(self) -> Iterator[InfoMetricFamily]:
+        labels = self._read()
+        if labels is not None:
+            yield InfoMetricFamily(self._name, self._text, value=labels)
+
+
 class Metrics:
     def watch(self, read: Callable[[], dict[str, tuple[str, float]]]) -> None:
         """Export the gauges `read()` returns at every scrape (access stack state)."""
         self.registry.register(_GaugeCollector(read))
+
+    def info(self, name: str, text: str, read: Callable[[], dict[str, str] | None]) -> None:
+        """Export `<name>_info{labels} 1` with the labels `read()` returns at every scrape
+        (the policy version: replicas that disagree show on one dashboard)."""
+        self.registry.register(_InfoCollector(name, text, read))
 
     def __init__(self, models: ModelRegistry) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call] # as vLLM does: `_created` series only add cardinality

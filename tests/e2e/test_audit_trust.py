@@ -104,11 +104,12 @@ def test_a_pinned_and_witnessed_log_proves_itself_and_refuses_a_reset(tmp_path: 
         second = officer_witness(server, state, pinned)
         assert second.returncode == 0, second.stderr
         assert "consistent with size" in second.stdout
-        report = httpx.get(
+        whole = httpx.get(
             f"{server.base_url}/audit/verify", headers=server.auth("auditor"), timeout=60
         ).json()
-        assert report["ok"], report["problems"]
-        assert report["trusted_keys"] == [parse_verify_key(pinned).key_id]
+        (report,) = whole["chains"]  # one gateway, one chain
+        assert whole["ok"] and report["ok"], report["problems"]
+        assert whole["trusted_keys"] == [parse_verify_key(pinned).key_id]
         assert report["witnesses"][0]["ok"] and report["witnesses"][0]["checkpoints"] >= 2
     finally:
         stop_and_check(server)
@@ -152,7 +153,7 @@ def test_a_pinned_and_witnessed_log_proves_itself_and_refuses_a_reset(tmp_path: 
         stop_and_check(server)
     after = airgate("audit", "verify", "--data-dir", data, "-c", config)
     assert after.returncode == 0, after.stdout[-3000:]
-    declared = json.loads(after.stdout)
+    (declared,) = json.loads(after.stdout)["chains"]
     assert declared["epoch"] == 2 and declared["epoch_losses"][0]["epoch"] == 1
 
     # the signing key replaced by one the attacker holds: not pinned -> no start

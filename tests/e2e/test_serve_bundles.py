@@ -274,8 +274,11 @@ def test_default_model_is_sealed_on_first_run_and_reused(tmp_path: Path) -> None
     bundle = data_dir / "bundles" / f"{MODEL}.bundle"
     first = start_server(data_dir, tmp_path / "first.log")
     try:
-        # a fresh data dir has no key but the admin key the first start prints, once
-        (admin_key,) = re.findall(SCANNER_PATTERN, first.log_text())
+        # a fresh data dir has no key but the admin key the first start mints: as a service
+        # (no terminal) it is written to a 0600 file, never to the log
+        admin_key = (data_dir / "initial-admin-key").read_text().strip()
+        assert mode(data_dir / "initial-admin-key") == 0o600
+        assert re.findall(SCANNER_PATTERN, first.log_text()) == []
         chat(first, MODEL, admin_key)
     finally:
         stop_and_check(first)

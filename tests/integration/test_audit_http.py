@@ -96,6 +96,11 @@ class Gateway:
     seeded: list[AuditEvent]
     key_id: str  # of the key that signs the gateway's checkpoints
 
+    @property
+    def log_id(self) -> str:
+        """The gateway's chain."""
+        return self.security.audit.signing.log_id
+
     def sql(self, query: str, *params: Any) -> list[Any]:
         with contextlib.closing(sqlite3.connect(self.data_dir / "airgate.db")) as conn:
             return conn.execute(query, params).fetchall()
@@ -141,7 +146,6 @@ def running_gateway(data_dir: Path, seed: int, *, pin_own_key: bool = True) -> I
         overrides={
             "data_dir": str(data_dir),
             "audit.checkpoint_every": CHECKPOINT_EVERY,
-            "audit.checkpoint_interval_s": 86_400,
             "audit.signer.key_ref": str(key_file),
             "audit.trusted_keys": [signer.verify_key.text] if pin_own_key else [],
         },
@@ -312,7 +316,8 @@ def test_export_jsonl(gw: Gateway) -> None:
     assert {line["event"]["event_id"] for line in lines} == seeded_ids(
         gw, lambda e: _key(e) == "seed-key-2"
     )
-    assert all(set(line) == {"seq", "prev_hash", "row_hash", "event"} for line in lines)
+    assert all(set(line) == {"chain", "seq", "prev_hash", "row_hash", "event"} for line in lines)
+    assert {line["chain"] for line in lines} == {gw.log_id}
     event = gw.assert_accessed(resp, "audit.export")
     assert event["detail"]["format"] == "jsonl"
 
@@ -401,12 +406,21 @@ def _rehash(db: Path, seq: int) -> None:
         conn.execute("UPDATE audit_events SET row_hash = ? WHERE seq = ?", (fixed, seq))
 
 
+def _chain(resp: Any) -> dict[str, Any]:
+    """The report of the log's one chain (a single gateway writes one)."""
+    whole = resp.json()
+    assert len(whole["chains"]) == 1, whole
+    chain = whole["chains"][0]
+    assert whole["ok"] is chain["ok"] and whole["problem_count"] == chain["problem_count"]
+    return dict(chain)
+
+
 def test_verify_is_ok_until_a_row_is_tampered_with(tmp_path: Path) -> None:
     # rows 1-120 seeded one at a time: each committed with its own signed checkpoint
     with running_gateway(tmp_path / "data", 120) as gw:
         clean = gw.get("/audit/verify")
         assert clean.status_code == 200, clean.text
-        report = clean.json()
+        report = _chain(clean)
         assert report["ok"] is True and report["chain_ok"] is True, report
         assert report["tree_checked"] is True
         assert report["first_bad_seq"] is None and report["problems"] == []
@@ -419,22 +433,22 @@ def test_verify_is_ok_until_a_row_is_tampered_with(tmp_path: Path) -> None:
         assert report["checkpoints_failed"] == report["checkpoints_untrusted"] == 0
         assert report["chain_only_from"] is None and report["chain_only_rows"] == 0
         event = gw.assert_accessed(clean, "audit.verify")
-        assert event["detail"] == {"ok": 1, "rows": 120}
+        assert event["detail"] == {"ok": 1, "chains": 1, "rows": 120}
 
         db = tmp_path / "data" / "airgate.db"
         _tamper(db, 110)  # the body changes, its row hash no longer matches
-        tail = gw.get("/audit/verify").json()
+        tail = _chain(gw.get("/audit/verify"))
         assert tail["ok"] is False and tail["chain_ok"] is False
         assert (tail["first_bad_seq"], tail["reason"]) == (110, "row_hash_mismatch")
         assert tail["checkpoints_failed"] == 0  # the tree covers row hashes, not bodies
 
         _tamper(db, 70)
-        edited = gw.get("/audit/verify").json()
+        edited = _chain(gw.get("/audit/verify"))
         assert (edited["first_bad_seq"], edited["reason"]) == (70, "row_hash_mismatch")
         assert edited["checkpoints_failed"] == 0
 
         _rehash(db, 70)  # an attacker who also fixes the row's hash: only the checkpoints know
-        rehashed = gw.get("/audit/verify").json()
+        rehashed = _chain(gw.get("/audit/verify"))
         # the checkpoint committed with row 70 names it exactly
         assert (rehashed["first_bad_seq"], rehashed["reason"]) == (70, "checkpoint_root_mismatch")
         found = {(p["seq"], p["reason"]) for p in rehashed["problems"]}
@@ -456,7 +470,7 @@ def test_verify_trusts_only_the_pinned_keys(tmp_path: Path) -> None:
     with running_gateway(tmp_path / "data", 5, pin_own_key=False) as gw:
         resp = gw.get("/audit/verify")
         assert resp.status_code == 200, resp.text
-        report = resp.json()
+        report = _chain(resp)
         assert report["ok"] is False and report["chain_ok"] is True
         # the first row a checkpoint vouches for is not vouched for by a trusted key
         assert (report["first_bad_seq"], report["reason"]) == (1, "checkpoint_untrusted_key")
@@ -468,7 +482,8 @@ def test_verify_trusts_only_the_pinned_keys(tmp_path: Path) -> None:
             "no_trusted_key",
             "checkpoint_untrusted_key",
         }
-        assert gw.assert_accessed(resp, "audit.verify")["detail"] == {"ok": 0, "rows": 5}
+        detail = gw.assert_accessed(resp, "audit.verify")["detail"]
+        assert detail == {"ok": 0, "chains": 1, "rows": 5}
 
 
 def test_the_latest_checkpoint_comes_with_a_consistency_proof(gw: Gateway) -> None:

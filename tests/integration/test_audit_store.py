@@ -258,7 +258,7 @@ async def test_an_append_returns_only_once_a_signed_checkpoint_covers_it(
                 await covered(await writer.append(make_event(i)))
 
             await asyncio.gather(*(one(i) for i in range(5, 105)))
-            head = await read_head(other)  # the rows end exactly at the last checkpoint
+            head = await read_head(other, LOG_ID)  # the rows end exactly at the last checkpoint
             assert head.checkpoint is not None and head.seq == head.checkpoint.size == 105
         assert (await checkpoints(other))[-1].kind == "close"
     finally:
@@ -337,7 +337,7 @@ async def test_rows_added_behind_the_writer_are_unsigned_and_stop_it(
         assert writer.head is not None
         prev, rows = writer.head.row_hash, []
         for seq in (4, 5, 6):
-            rows.append(link(prev, seq, make_event(seq)))
+            rows.append(link(prev, seq, make_event(seq), log_id=LOG_ID))
             prev = rows[-1]["row_hash"]
         async with engine.begin() as conn:
             await conn.execute(insert(audit_events), rows)
@@ -674,10 +674,10 @@ async def test_sqlite_refuses_rows_and_checkpoints_that_are_not_the_next(tmp_pat
             async with writer_on(eng) as writer:
                 for i in range(3):
                     await writer.append(make_event(i))
-            head = await read_head(eng)
+            head = await read_head(eng, LOG_ID)
             assert head.checkpoint is not None
             for seq in (head.seq + 2, 1_000_000):
-                row = link(head.row_hash, seq, make_event(seq))
+                row = link(head.row_hash, seq, make_event(seq), log_id=LOG_ID)
                 with pytest.raises(DBAPIError, match="seq is not the head"):
                     async with eng.begin() as conn:
                         await conn.execute(insert(audit_events), [row])

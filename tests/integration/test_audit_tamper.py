@@ -178,7 +178,7 @@ async def rewrite_history(
     events += [make_event(1000 + i) for i in range(pad)]
     new_rows, prev = [], GENESIS
     for seq, event in enumerate(events, start=1):
-        new_rows.append(link(prev, seq, event))
+        new_rows.append(link(prev, seq, event, log_id=LOG_ID))
         prev = new_rows[-1]["row_hash"]
     tree, cps, last = CompactTree(), [], None
     for kind_rows in [[]] + [[r] for r in new_rows]:
@@ -207,7 +207,9 @@ async def rewrite_history(
 async def forge_append(engine: AsyncEngine) -> int:
     """A well-formed event linked after the last row (the triggers allow an INSERT)."""
     last = (await rows(engine))[-1]
-    forged = link(last["row_hash"], last["seq"] + 1, make_event(99, action="keys.revoke"))
+    forged = link(
+        last["row_hash"], last["seq"] + 1, make_event(99, action="keys.revoke"), log_id=LOG_ID
+    )
     async with engine.begin() as conn:
         await conn.execute(insert(audit_events).values(**forged))
     return int(forged["seq"])
@@ -317,7 +319,7 @@ async def test_a_reset_database_does_not_start_and_fails_verification(
             assert not report.ok
             assert {"no_checkpoint", "witness_truncated"} <= {p.reason for p in report.problems}
             # a data directory that has its keys refuses an empty log even without a witness
-            with pytest.raises(AuditCorrupt, match="already has its keys"):
+            with pytest.raises(AuditCorrupt, match="has written it before"):
                 await AuditWriter(empty.engine, signer=KEY, log_id=LOG_ID).start(genesis=False)
         finally:
             await empty.engine.dispose()
@@ -365,7 +367,7 @@ async def test_sqlite_refuses_an_insert_out_of_order(tmp_path: Path) -> None:
             await writer.append(make_event(1))
         last = (await rows(engine))[-1]
         for seq in (last["seq"] + 2, last["seq"]):
-            forged = link(last["row_hash"], seq, make_event(7))
+            forged = link(last["row_hash"], seq, make_event(7), log_id=LOG_ID)
             with pytest.raises(IntegrityError):
                 async with engine.begin() as conn:
                     await conn.execute(insert(audit_events).values(**forged))

@@ -244,22 +244,24 @@ def test_canonical_row_layout() -> None:
 
 def test_link_builds_the_row() -> None:
     e = event()
-    row = link(GENESIS, 1, e)
+    row = link(GENESIS, 1, e, log_id="c")
     assert row["seq"] == 1 and row["prev_hash"] == GENESIS
     assert row["body"].encode() == encode_event(e)
     assert row["row_hash"] == row_hash(GENESIS, 1, ts_us(TS), encode_event(e))
     assert {k: row[k] for k in columns(e)} == columns(e)
     assert (row["key_id"], row["team"], row["kind"]) == ("k1", "research", "inference.completed")
-    second = link(row["row_hash"], 2, event(event_id="e2"))
+    second = link(row["row_hash"], 2, event(event_id="e2"), log_id="c")
     assert second["prev_hash"] == row["row_hash"]
 
 
 def test_the_hash_covers_seq_time_body_and_predecessor() -> None:
-    base = link(GENESIS, 1, event())["row_hash"]
-    assert link(GENESIS, 2, event())["row_hash"] != base
-    assert link("11" * 32, 1, event())["row_hash"] != base
-    assert link(GENESIS, 1, event(ts=TS + timedelta(microseconds=1)))["row_hash"] != base
-    assert link(GENESIS, 1, event(prompt_tokens=11))["row_hash"] != base
+    base = link(GENESIS, 1, event(), log_id="c")["row_hash"]
+    assert link(GENESIS, 2, event(), log_id="c")["row_hash"] != base
+    assert link("11" * 32, 1, event(), log_id="c")["row_hash"] != base
+    assert (
+        link(GENESIS, 1, event(ts=TS + timedelta(microseconds=1)), log_id="c")["row_hash"] != base
+    )
+    assert link(GENESIS, 1, event(prompt_tokens=11), log_id="c")["row_hash"] != base
 
 
 @given(st.binary(max_size=64), st.integers(0, 2**63 - 1), st.integers(-(2**63), 2**63 - 1))
@@ -572,12 +574,22 @@ def test_checkpoint_signatures() -> None:
 
 
 def test_cursors_round_trip_and_reject_anything_else() -> None:
-    for seq in (1, 99, 2**62, 2**63 - 1):
-        assert decode_cursor(encode_cursor(seq)) == seq
-    assert "99" not in encode_cursor(99)
-    # seqs start at 1, and one the BIGINT column cannot hold would overflow the driver
-    beyond = [encode_cursor(0), encode_cursor(2**63)]
-    for bad in ("", "99", "seq:1", "c2VxOi0x", "%%%", "c2VxOjFh", "c2VxOg", "c2VxOjE=x", *beyond):
+    chain = "0123456789abcdef"
+    for at in ((0, chain, 1), (1_765_000_000_000_000, chain, 99), (2**63 - 1, "ab", 2**63 - 1)):
+        assert decode_cursor(encode_cursor(at)) == at
+    assert chain not in encode_cursor((5, chain, 99))
+    # seqs start at 1; numbers the BIGINT columns cannot hold would overflow the driver; a chain
+    # id is lowercase hex
+    beyond = [
+        encode_cursor((1, chain, 0)),
+        encode_cursor((1, chain, 2**63)),
+        encode_cursor((2**63, chain, 1)),
+        encode_cursor((1, "ABC", 1)),
+        encode_cursor((1, "a:b", 1)),
+        encode_cursor((1, "a" * 33, 1)),
+    ]
+    old_style = "c2VxOjE"  # "seq:1", the single-chain cursor of earlier releases
+    for bad in ("", "99", "seq:1", "%%%", "YXQ6MTox", "YXQ6MTphOjE=x", old_style, *beyond):
         with pytest.raises(InvalidCursor):
             decode_cursor(bad)
 
@@ -621,6 +633,7 @@ def test_ocsf_mapping(
     kind: str, outcome: str, detail: dict[str, str], class_uid: int, activity: int, status: int
 ) -> None:
     rec = AuditRecord(
+        chain="0123456789abcdef",
         seq=5,
         event=event(kind=kind, outcome=outcome, detail=detail),
         prev_hash=GENESIS,

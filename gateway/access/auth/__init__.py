@@ -21,7 +21,12 @@ from .errors import (
 )
 from .jwt import DEFAULT_ALGORITHMS, JwtVerifier
 from .mtls import SubjectMap, principal_from_client_cert, ssl_context
-from .pepper import default_pepper_path, load_or_create_pepper
+from .pepper import (
+    default_pepper_path,
+    load_or_create_pepper,
+    pepper_from_text,
+    read_pepper_file,
+)
 from .principal import GLOBAL_AUDITOR, GRANTS, ROLES, Grant, Method, Principal, Role, audit_teams
 from .store import ApiKeyRecord, KeyStore
 
@@ -55,6 +60,8 @@ __all__ = [
     "generate_api_key",
     "load_or_create_pepper",
     "parse_api_key",
+    "pepper_from_text",
     "principal_from_client_cert",
+    "read_pepper_file",
     "ssl_context",
 ]

@@ -17,6 +17,16 @@ id cost 0.7-1.3 ms and a wrong secret 0.02 ms (30-100x); now both 0.4-1.0 ms, ra
 on SQLite and PostgreSQL.  A success still comes from the cache, and a flood of failures costs
 the database what a flood of unknown ids always did: one primary-key SELECT each (concurrent
 ones on one id shared).
+
+Revocation: the store that revokes forgets the row at once; every other process (the CLI,
+another replica) answers from a row read before the revoking commit for at most `cache_ttl_s`
+(1 s) plus one SELECT: a revocation reaches every replica within about a second, against a
+promise of 2 s (`tests/e2e/test_revocation_replicas.py` measures it across two servers).  The
+price is one primary-key SELECT per busy key per replica per second.  Revocations are not
+pushed over Redis pub/sub: the limiter's client (`limits.resp`) matches every reply to a caller
+in order, so a pushed message has no place in it; a subscriber would need a connection,
+reconnect and resubscribe loop of its own, and the TTL would still be the bound whenever a
+message is lost.
 """
 
 from __future__ import annotations
@@ -120,14 +130,14 @@ class KeyStore:
         pepper: bytes,
         *,
         last_used_interval_s: float = 60,
-        cache_ttl_s: float = 2.0,
+        cache_ttl_s: float = 1.0,
     ) -> None:
         if len(pepper) < 32:
             raise AuthConfigError("the API key pepper must be at least 32 bytes")
         self._engine = engine
         # key id -> (row, monotonic time read): a request re-reads a key at most every
         # `cache_ttl_s`; a revocation through this store takes effect at once, one made by
-        # another process (the CLI, another replica) within `cache_ttl_s`
+        # another process (the CLI, another replica) within `cache_ttl_s` (see the module)
         self._cache_ttl = cache_ttl_s
         self._rows: dict[str, tuple[Any, float]] = {}
         self._reads: dict[str, asyncio.Future[Any]] = {}  # key id -> the SELECT in flight
@@ -151,9 +161,12 @@ class KeyStore:
         created_by: str | None = None,
         *,
         now: datetime | None = None,
+        key: str | None = None,
     ) -> tuple[str, ApiKeyRecord]:
         """A new key: `(plaintext, record)`.  The plaintext exists only in the return value;
-        show it once and drop it (it is neither stored nor logged)."""
+        show it once and drop it (it is neither stored nor logged).  `key`: one the operator
+        made offline (`airgate keys new-secret`) to store instead of a fresh one
+        (`MalformedKey` if it is not well-formed)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {sorted(ROLES)}")
         _label(team, "team")
@@ -163,7 +176,7 @@ class KeyStore:
             _utc(expires_at, "expires_at")
         created_at = _utc(now, "now")
         for attempt in range(_CREATE_ATTEMPTS):
-            text = apikeys.generate_api_key()
+            text = key or apikeys.generate_api_key()
             key_id, secret = apikeys.parse_api_key(text)
             record = ApiKeyRecord(
                 key_id=key_id,
@@ -183,7 +196,8 @@ class KeyStore:
                     await conn.execute(api_keys.insert().values(**values))
             except KeyStoreUnavailable as exc:
                 # a 71-bit id collision is astronomically unlikely; retry rather than fail
-                if isinstance(exc.__cause__, IntegrityError) and attempt + 1 < _CREATE_ATTEMPTS:
+                collided = isinstance(exc.__cause__, IntegrityError) and key is None
+                if collided and attempt + 1 < _CREATE_ATTEMPTS:
                     continue
                 raise
             return text, record

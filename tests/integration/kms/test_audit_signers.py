@@ -442,7 +442,7 @@ async def test_a_log_signed_in_the_provider_cannot_be_rewritten_from_the_data_di
             events[5] = msgspec.structs.replace(events[5], model="rewritten")
             rows, prev = [], GENESIS
             for seq, event in enumerate(events, start=1):
-                rows.append(link(prev, seq, event))
+                rows.append(link(prev, seq, event, log_id="hsm"))
                 prev = rows[-1]["row_hash"]
             await conn.execute(delete(audit_events))
             await conn.execute(insert(audit_events), rows)
