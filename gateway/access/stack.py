@@ -85,6 +85,8 @@ class Security:
     audit: AuditWriter
     trusted_audit_keys: list[VerifyKey]  # what verification trusts: pinned keys only
     closers: list[Any] = field(default_factory=list)
+    # admitted requests whose end has not run yet (`pipeline.completion.Admitted`)
+    open_requests: set[Any] = field(default_factory=set)
 
     def cache_salt(self, principal: Principal) -> str:
         """The prefix-cache salt of the caller's tenant (its team, else its key): engines share
@@ -92,6 +94,17 @@ class Security:
         out of the cache.  Derived from the server's secret pepper, so it cannot be guessed."""
         tenant = principal.team if principal.team else f"key:{principal.key_id}"
         return _salt(self.keys, tenant)
+
+    async def end_open_requests(self) -> None:
+        """At shutdown, before the audit log's close checkpoint: end every admitted request
+        whose end has not run.  A stream cut while its chunk was being sent (a client gone, or
+        the drain's deadline) leaves its generator to the garbage collector, which could run
+        the generator's cleanup only after the audit writer has stopped."""
+        for request in list(self.open_requests):
+            try:
+                await request.close()
+            except Exception:  # the limiter's refund: Redis may be gone by now
+                _log.warning("a request could not be ended at shutdown", exc_info=False)
 
     @property
     def strict(self) -> bool:
@@ -149,7 +162,7 @@ async def open_security(settings: Settings) -> AsyncIterator[Security]:
     trusted = audit_log.trusted_audit_keys(settings)
     try:
         async with audit_log.open_audit_writer(settings, engine, keys, reconcile=True) as writer:
-            yield Security(
+            security = Security(
                 settings,
                 engine,
                 keys,
@@ -160,6 +173,10 @@ async def open_security(settings: Settings) -> AsyncIterator[Security]:
                 writer,
                 trusted,
             )
+            try:
+                yield security
+            finally:
+                await security.end_open_requests()
     finally:
         await keys.aclose()
         if redis_client is not None:

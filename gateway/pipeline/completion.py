@@ -46,6 +46,7 @@ class Admitted:
         self._done = False
         self._closed = False
         self._start = time.perf_counter()
+        security.open_requests.add(self)  # ended at shutdown if nothing else ends it
 
     def _event(self, kind: Any, outcome: Any, **fields: Any) -> AuditEvent:
         p = self._progress
@@ -99,6 +100,7 @@ class Admitted:
         if self._closed:
             return
         self._closed = True
+        self._security.open_requests.discard(self)
         p = self._progress
         try:
             if not self._done:
