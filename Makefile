@@ -35,7 +35,7 @@ vllm: $(VENV)/.vllm
 serve: $(VENV)/.installed
 	$(VENV)/bin/airgate serve $(ARGS)
 
-## Install the system packages the integration tests need (SoftHSM2 for the KMS suite).
+## Install the system packages the integration tests need (SoftHSM2 for the KMS suite, HAProxy for the replicas test).
 test-services:
 	bash scripts/test-services.sh
 

@@ -33,6 +33,7 @@ from bench import (
     edge,
     embeddings,
     http_path,
+    replicas,
     structured,
     vllm_peer,
 )
@@ -60,6 +61,7 @@ SCENARIOS: dict[str, Scenario] = {
     embeddings.NAME: embeddings,
     choices.NAME: choices,
     audit_signing.NAME: audit_signing,
+    replicas.NAME: replicas,
 }
 
 

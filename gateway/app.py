@@ -56,7 +56,7 @@ def create_app(
     engines then load in the background and /ready says when.  Tests may pass an open
     `security` (they own its lifetime); `serve` passes the `drain` its signals start."""
     models = registry if registry is not None else build_registry(settings)
-    drain = drain if drain is not None else Drain(settings.server.drain_timeout_s)
+    drain = drain if drain is not None else Drain.of(settings.server)
     return _build(settings, models, security, drain)
 
 

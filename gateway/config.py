@@ -52,6 +52,10 @@ class ServerSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=
     # SIGTERM/SIGINT: requests and streams in flight get this long to finish while new ones
     # are answered 503; those still running then are cut (gateway/http/drain.py)
     drain_timeout_s: Annotated[float, Meta(ge=0, le=3600)] = 30.0
+    # ...and the listener stays open, answering 503, at least this long (within the drain
+    # timeout), however soon the last request ends: until the load balancer has seen /ready
+    # fail (HAProxy: its check interval x fall count) and sends nothing more
+    drain_min_s: Annotated[float, Meta(ge=0, le=3600)] = 3.0
     # the request line and headers: bigger -> 431, more headers -> 431, not complete within
     # the timeout (counted from the connection or the request's first byte) -> 408 and closed
     max_header_bytes: Annotated[int, Meta(ge=1024, le=1024 * 1024)] = 32 * 1024

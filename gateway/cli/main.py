@@ -151,7 +151,7 @@ def _run(settings: Settings, *, allow_plaintext: bool) -> None:
         raise _fail(f"configuration error: {exc}") from None
     except BundleError as exc:
         raise _fail(f"cannot serve the configured bundles: {exc}", code=1) from None
-    drain = Drain(settings.server.drain_timeout_s)
+    drain = Drain.of(settings.server)
     app_ = create_app(settings, registry=registry, drain=drain)
     from ..http.server_protocol import http_protocol
 

@@ -2,7 +2,8 @@
 
     serving --signal--> draining --nothing in flight, or the deadline--> drained --> shutdown
 
-While draining (`[server] drain_timeout_s`, default 30 s):
+While draining (`[server] drain_timeout_s`, default 30 s, and at least `drain_min_s`, default
+3 s, so that a load balancer has seen /ready fail before the listener closes):
 - `/ready` answers 503 at once, so a load balancer or Kubernetes takes this replica out;
 - every new request but /health, /ready and /metrics is answered 503 in the OpenAI error shape
   with `Connection: close` and `Retry-After: 1`: the retry belongs on another replica, which
@@ -36,6 +37,7 @@ import uvicorn
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, HTTPResponseBodyEvent, Message, Receive, Scope, Send
 
+from ..config import ServerSettings
 from ..errors import GatewayError, ServiceUnavailable, error_body
 from .request_log import request_info
 
@@ -80,12 +82,17 @@ class _Flight:
 class Drain:
     """The drain's state: the requests in flight, and whether the server is draining."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, min_s: float = 0.0) -> None:
         self.timeout_s = timeout_s
+        self.min_s = min(min_s, timeout_s)  # refusing, before the listener may close
         self.draining = False
         self.refused = 0  # new requests answered 503 while draining
         self._flights: set[_Flight] = set()
         self._idle = asyncio.Event()  # set while draining once nothing is in flight
+
+    @classmethod
+    def of(cls, server: ServerSettings) -> Drain:
+        return cls(server.drain_timeout_s, server.drain_min_s)
 
     @property
     def in_flight(self) -> int:
@@ -121,7 +128,13 @@ class Drain:
         self.draining = True
         running = len(self._flights)
         _log.info("draining: %d requests in flight, up to %g s", running, self.timeout_s)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         await self._settle(self.timeout_s)
+        # a load balancer that has not yet seen /ready fail still sends here: answer it 503
+        # (which it retries elsewhere) rather than close a connection under it
+        if (rest := self.min_s - (loop.time() - started)) > 0:
+            await asyncio.sleep(rest)
         cut = list(self._flights)
         for flight in cut:
             flight.cut = True

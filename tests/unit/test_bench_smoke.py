@@ -139,6 +139,9 @@ _CHECKED = {
                    "decoded as airgate's EmbeddingsRequest"],
     "choices": [" serve --port ", "an app key created",
                 "decoded as airgate's ChatCompletionRequest", "(n=4, and 4 x n=1"],
+    "replicas": ["parsed as `airgate serve`; audit on SQLite",
+                 "parsed as `airgate serve`; audit on PostgreSQL, 2 pinned key(s)",
+                 "audit chains: one chain each", "HAProxy, 2 replica(s): `haproxy -f "],
     "audit-signing": ["open_audit_signer", "[audit.signer] configurations loaded by airgate: "
                       "local, pkcs11, vault-transit, aws-kms", "signs of a 200-byte message"],
 }  # fmt: skip

@@ -127,6 +127,25 @@ async def test_a_draining_server_refuses_new_requests_but_not_health_ready_metri
         assert passed.status == 200, path
 
 
+async def test_an_idle_drain_keeps_refusing_for_its_minimum_before_it_ends() -> None:
+    """A load balancer still sends until it has seen /ready fail: the drain answers those 503
+    (retried elsewhere) for `min_s` rather than let the listener close under them."""
+    drain = Drain(30, min_s=0.3)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    running = asyncio.create_task(drain.run())
+    await asyncio.sleep(0)  # the drain's first step: draining from now on
+    assert drain.draining
+    app = FakeApp(stream=False)
+    app.release.set()
+    refused = Call(middleware(app, drain))
+    await refused.task
+    assert refused.status == 503 and not running.done()
+    await running
+    assert loop.time() - started >= 0.3
+    assert Drain(1, min_s=5).min_s == 1  # never beyond the drain's timeout
+
+
 async def test_the_drain_waits_for_a_stream_that_ends_in_time() -> None:
     drain, app = Drain(3600), FakeApp()
     call = Call(middleware(app, drain))
