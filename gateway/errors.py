@@ -1,4 +1,5 @@
-"""Gateway errors and their one rendering: the OpenAI error envelope.
+"""Gateway errors and their one rendering: the OpenAI error envelope, or Ollama's
+`{"error": "..."}` on Ollama's routes (`/api/...`; `error_body_for` picks by path).
 
     GatewayError                       500 server_error           (base; never raised bare)
     ├── InvalidRequest                 400 invalid_request_error
@@ -54,7 +55,9 @@ __all__ = [
     "Unauthenticated",
     "UnsupportedParameter",
     "error_body",
+    "error_body_for",
     "exception_handlers",
+    "ollama_error_body",
     "translate_engine_errors",
 ]
 
@@ -175,8 +178,26 @@ class ErrorEnvelope(msgspec.Struct):
 _encode = msgspec.json.Encoder().encode
 
 
+class OllamaError(msgspec.Struct):
+    error: str
+
+
+OLLAMA_PREFIX = "/api/"  # Ollama's routes (gateway/ollama): no other route lives under it
+
+
 def error_body(exc: GatewayError) -> bytes:
+    """The OpenAI error envelope (every route but Ollama's)."""
     return _encode(ErrorEnvelope(ErrorDetail(exc.message, exc.type, exc.param, exc.code)))
+
+
+def ollama_error_body(exc: GatewayError) -> bytes:
+    """Ollama's error shape, `{"error": "<message>"}` (its clients read that one string)."""
+    return _encode(OllamaError(exc.message))
+
+
+def error_body_for(path: str, exc: GatewayError) -> bytes:
+    """The error body a client of `path` reads: Ollama's shape on its routes, else OpenAI's."""
+    return ollama_error_body(exc) if path.startswith(OLLAMA_PREFIX) else error_body(exc)
 
 
 @contextlib.contextmanager
@@ -198,9 +219,9 @@ def translate_engine_errors(prompt_param: str = "messages") -> Iterator[None]:
         raise InternalError("the engine failed while generating") from exc
 
 
-def _render(exc: GatewayError) -> Response[bytes]:
+def _render(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
     return Response(
-        error_body(exc),
+        error_body_for(request.scope.get("path", ""), exc),
         status_code=exc.status_code,
         media_type="application/json",
         headers=exc.headers,
@@ -216,7 +237,7 @@ def _note(request: Request[Any, Any, Any], exc: GatewayError) -> None:
 
 def _on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
     _note(request, exc)
-    return _render(exc)
+    return _render(request, exc)
 
 
 def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -237,7 +258,7 @@ def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> R
     else:
         return _on_unexpected(request, exc)
     _note(request, mapped)
-    response = _render(mapped)
+    response = _render(request, mapped)
     if exc.headers:
         response.headers.update(exc.headers)
     return response
@@ -251,7 +272,7 @@ def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[
     )
     err = InternalError("internal error")
     _note(request, err)
-    return _render(err)
+    return _render(request, err)
 
 
 exception_handlers: dict[type[Exception] | int, Any] = {

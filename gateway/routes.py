@@ -19,6 +19,12 @@ from .admin.keys import admin_router
 from .compliance.audit_api import compliance_router
 from .http import health
 from .http.openapi import Operation, openapi_document
+from .ollama.chat import chat as ollama_chat
+from .ollama.embed import embed as ollama_embed
+from .ollama.embed import embeddings as ollama_embeddings
+from .ollama.generate import generate as ollama_generate
+from .ollama.models import list_running, list_tags, show_model, version
+from .ollama.refused import REFUSED as OLLAMA_REFUSED
 from .openai import schema as openai_docs
 from .openai.chat import chat_completions
 from .openai.completions import completions
@@ -84,6 +90,16 @@ ROUTES: tuple[Route, ...] = (
     Route(delete_response),  # the document has no DELETE operations; 404 like the others
     Route(list_input_items, openai_docs.LIST_INPUT_ITEMS),
     Route(cancel_response, openai_docs.CANCEL_RESPONSE),
+    # Ollama's API (not in the OpenAPI document, which describes the OpenAI-compatible API)
+    Route(ollama_chat),
+    Route(ollama_generate),
+    Route(ollama_embed),
+    Route(ollama_embeddings),
+    Route(list_tags),
+    Route(list_running),
+    Route(show_model),
+    Route(version),
+    *(Route(handler) for handler in OLLAMA_REFUSED),
     Route(health.health, health.HEALTH, public=True),
     Route(health.ready, health.READY, public=True),
     Route(health.metrics_route, health.METRICS),

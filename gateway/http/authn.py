@@ -32,7 +32,13 @@ from litestar.types import (
 from ..access.auth import AuthenticationFailed, KeyStoreUnavailable, Principal
 from ..access.identity import AuthFailed, authenticate
 from ..access.stack import Security, SecurityHolder
-from ..errors import GatewayError, RateLimited, ServiceUnavailable, Unauthenticated, error_body
+from ..errors import (
+    GatewayError,
+    RateLimited,
+    ServiceUnavailable,
+    Unauthenticated,
+    error_body_for,
+)
 from .failure_audit import FailureAudit
 from .flood import FloodGuard, retry_after_header
 from .request_log import RequestInfo
@@ -172,7 +178,7 @@ async def _send_error(scope: Scope, send: Send, err: GatewayError) -> None:
     info = _record(scope)
     if info.error_code is None:
         info.error_code = err.code or err.type
-    body = error_body(err)
+    body = error_body_for(scope.get("path", ""), err)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
     start: HTTPResponseStartEvent = {

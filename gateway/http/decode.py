@@ -14,8 +14,8 @@ Two rules on top of the typed decode:
   (timeit, min of 15 runs, a busy 2-core VM): an 813-byte four-message chat body decodes in
   1.3 µs and the check adds 3.8 µs (the `json.loads` check alone: 9 µs); 1.9 KB: +6 µs (10);
   29 KB of 64 messages: +75 µs (89).
-- An unknown field is named only when it is a parameter airgate knows of (OpenAI's and vLLM's
-  names): any other name is the client's text, which an error never repeats.
+- An unknown field is named only when it is a parameter airgate knows of (OpenAI's, vLLM's
+  and Ollama's names): any other name is the client's text, which an error never repeats.
 """
 
 from __future__ import annotations
@@ -55,6 +55,17 @@ KNOWN_PARAMETERS = frozenset(
         "strict", "suffix", "temperature", "text", "tool_call_id", "tool_calls", "tool_choice",
         "tools", "top_k", "top_logprobs", "top_p", "truncate", "truncate_prompt_tokens",
         "truncation", "type", "use_beam_search", "user", "verbosity", "web_search_options",
+    }
+)  # fmt: skip
+# ... and of Ollama's API (gateway/ollama: its bodies and its `options`)
+KNOWN_PARAMETERS |= frozenset(
+    {
+        "context", "embedding_only", "f16_kv", "format", "images", "keep_alive", "logits_all",
+        "low_vram", "main_gpu", "min_p", "mirostat", "mirostat_eta", "mirostat_tau", "num_batch",
+        "num_ctx", "num_gpu", "num_keep", "num_predict", "num_thread", "numa", "options",
+        "penalize_newline", "raw", "repeat_last_n", "repeat_penalty", "system", "template",
+        "tfs_z", "think", "thinking", "tool_name", "typical_p", "use_mlock", "use_mmap",
+        "verbose", "vocab_only",
     }
 )  # fmt: skip
 

@@ -13,8 +13,9 @@ While draining (`[server] drain_timeout_s`, default 30 s, and at least `drain_mi
   connection cannot be told from a crash;
 - requests and streams already running finish.  At the deadline those still running are cut:
   cancelled, which is what a client that disconnects causes (the engine aborts; the audit log
-  records `inference.cancelled`), then a stream gets one final error event (the adapters'
-  `sse_error`) and ends, and a request not yet answered gets the 503.
+  records `inference.cancelled`), then a stream gets one final error event (the OpenAI
+  adapters' `sse_error`; on Ollama's NDJSON, an `{"error": ...}` line) and ends, and a request
+  not yet answered gets the 503.
 
 Then uvicorn's own shutdown runs: the listener closes, idle connections close (a cut client
 that reads nothing gets `CLOSE_GRACE_S`), the lifespan stops the engines and the audit writer
@@ -38,7 +39,7 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, HTTPResponseBodyEvent, Message, Receive, Scope, Send
 
 from ..config import ServerSettings
-from ..errors import GatewayError, ServiceUnavailable, error_body
+from ..errors import GatewayError, ServiceUnavailable, error_body_for
 from .request_log import request_info
 
 __all__ = [
@@ -74,7 +75,9 @@ class _Flight:
     def __init__(self, task: asyncio.Task[object]) -> None:
         self.task = task
         self.started = False  # the status line and headers went out
-        self.event_stream = False  # text/event-stream: a final event can still be sent
+        # a stream a final error can still end: text/event-stream (the adapters' final event)
+        # or application/x-ndjson (Ollama's: one `{"error": ...}` line)
+        self.event_stream: bytes | None = None
         self.complete = False
         self.cut = False
 
@@ -184,7 +187,7 @@ class DrainMiddleware:
         async def tracked(message: Message) -> None:
             if message["type"] == "http.response.start":
                 flight.started = True
-                flight.event_stream = _is_event_stream(message.get("headers", ()))
+                flight.event_stream = _stream_kind(message.get("headers", ()))
             elif not message.get("more_body", False):
                 flight.complete = True
             await send(message)
@@ -208,26 +211,35 @@ class DrainMiddleware:
             async with asyncio.timeout(CUT_GRACE_S):
                 if not flight.started:
                     await _answer(scope, send, err)
-                elif flight.event_stream:
+                elif flight.event_stream is not None:
                     request_info(scope).error_code = err.code
+                    if flight.event_stream == _SSE:
+                        last = self.final_event(err)
+                    else:
+                        last = error_body_for(scope.get("path", ""), err) + b"\n"
                     end: HTTPResponseBodyEvent = {
                         "type": "http.response.body",
-                        "body": self.final_event(err),
+                        "body": last,
                         "more_body": False,
                     }
                     await send(end)
 
 
-def _is_event_stream(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+_SSE, _NDJSON = b"text/event-stream", b"application/x-ndjson"
+
+
+def _stream_kind(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The response's stream media type, when it is one a final error can end."""
     for name, value in headers:
         if name.lower() == b"content-type":
-            return value.startswith(b"text/event-stream")
-    return False
+            kind = value.partition(b";")[0].strip()
+            return kind if kind in (_SSE, _NDJSON) else None
+    return None
 
 
 async def _answer(scope: Scope, send: Send, err: GatewayError) -> None:
     request_info(scope).error_code = err.code
-    body = error_body(err)
+    body = error_body_for(scope.get("path", ""), err)
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
     await send({"type": "http.response.start", "status": err.status_code, "headers": headers})

@@ -6,8 +6,9 @@
     attempts    route, submit, retry once before the first token, deltas and their metrics
     run         Pipeline.start() and Inference.result() / .stream(): the line, end to end
     embedding   Pipeline.embed(): the same line for embeddings (one engine call, no stream)
+    outputs     tools, tool choice and output format -> output facts (every adapter's shape())
 
-Adapters (gateway/openai, later gateway/ollama) import this package; it never imports them.
+Adapters (gateway/openai, gateway/ollama) import this package; it never imports them.
 """
 
 from .embedding import Embedded

@@ -6,7 +6,8 @@ limit and a small policy (team-less apps: the model, max_tokens <= 64; team "bur
 a minute; team "denied": no model).  Every content field of every request carries a canary
 (`CANARY<run>N<index>`, `run` being 20 random digits), across the request shapes (chat, streamed
 chat, completions with a string and a list prompt, streamed completions, a multi-turn
-conversation with content parts) and the ways a request ends (success, validation error, invalid
+conversation with content parts, the Responses API, Ollama's /api/chat, /api/generate and
+/api/embed) and the ways a request ends (success, validation error, invalid
 JSON, oversized body, unknown model named by a canary, unknown route with a canary in the path
 and query, failed authentication with a canary in the credential, policy denial, rate limit,
 client disconnect mid-stream, engine errors: context length and an out-of-vocabulary bias).
@@ -824,8 +825,11 @@ def run(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[R
             ):
                 traffic = Driver(server, canaries, {**keys, **team_keys}, http, sdk).run()
                 responses = ResponsesDriver(server, canaries, keys, http, sdk)
-                responses.traffic = traffic  # the same record: one scan covers both
+                responses.traffic = traffic  # the same record: one scan covers all three
                 responses.run()
+                ollama = OllamaDriver(server, canaries, keys, http, sdk)
+                ollama.traffic = traffic
+                ollama.run()
             exports = handed_out(server, keys)
         finally:
             stop_and_check(server)  # the last spans are flushed at shutdown
@@ -933,7 +937,7 @@ def named(what: str) -> Describe:
 
 
 def test_every_path_was_taken(run: Run) -> None:
-    assert run.traffic.statuses == {**EXPECTED, **RESPONSES_EXPECTED}
+    assert run.traffic.statuses == {**EXPECTED, **RESPONSES_EXPECTED, **OLLAMA_EXPECTED}
     kinds = {
         json.loads(line)["event"]["kind"]
         for line in run.exports["audit export (offline jsonl)"].decode().splitlines()
@@ -1184,3 +1188,172 @@ class ResponsesDriver(Driver):
         self.get("responses_retrieve", path)
         resp = self.http.delete(path, headers=self.bearer("app"))
         self.note("responses_delete", resp.status_code, resp.headers.get("x-request-id", ""))
+
+
+# ---- Ollama's API (/api/...): its traffic runs on the same server, after the Responses API's
+
+OLLAMA_EXPECTED = {
+    "ollama_chat": 200,
+    "ollama_chat_stream": 200,
+    "ollama_generate": 200,
+    "ollama_generate_stream": 200,
+    "ollama_format_schema": 200,
+    "ollama_tools": 200,
+    "ollama_embed": 200,
+    "ollama_bad_option": 400,
+    "ollama_generate_context": 400,
+    "ollama_unknown_model": 404,
+    "ollama_pull": 403,
+}
+
+
+class OllamaDriver(Driver):
+    """Ollama traffic with a canary in every content field: messages (and an earlier tool call
+    and its result), the system prompt and prompt of generate, stop strings, the `format`
+    schema, tools, embed inputs; then refusals whose bodies carry canaries."""
+
+    def run(self) -> Traffic:
+        successes = (
+            self.ollama_chat,
+            self.ollama_chat_stream,
+            self.ollama_generate,
+            self.ollama_generate_stream,
+            self.ollama_format_schema,
+            self.ollama_tools,
+            self.ollama_embed,
+        )
+        with ThreadPoolExecutor(len(successes)) as pool:
+            for future in [pool.submit(send) for send in successes]:
+                future.result()
+        self.ollama_refusals()
+        return self.traffic
+
+    def options(self, case: str) -> dict[str, Any]:
+        return {"temperature": 0, "num_predict": GEN, "stop": [self.c(f"{case}: stop string")]}
+
+    def messages(self, case: str) -> list[dict[str, Any]]:
+        c = self.c
+        return [
+            {"role": "system", "content": f"A storyteller ({c(f'{case}: system')})."},
+            {"role": "user", "content": f"{STORY} (ticket {c(f'{case}: user')})"},
+        ]
+
+    def note_ollama(self, case: str, resp: httpx.Response, field_name: str) -> None:
+        self.note(case, resp.status_code, resp.headers.get("x-request-id", ""))
+        body = resp.json()
+        message = body.get("message", {})
+        self.traffic.completions.append(body.get(field_name) or message.get("content") or "")
+        for call in message.get("tool_calls") or ():
+            self.traffic.completions.append(json.dumps(call["function"]["arguments"]))
+
+    def ndjson(self, case: str, path: str, body: dict[str, Any], field_name: str) -> None:
+        with self.http.stream("POST", path, json=body, headers=self.bearer("app")) as resp:
+            assert resp.status_code == 200, resp.read()
+            lines = [json.loads(line) for line in resp.iter_lines() if line]
+        assert lines and lines[-1]["done"] is True, case
+        if field_name == "message":
+            text = "".join(line["message"]["content"] for line in lines)
+        else:
+            text = "".join(line[field_name] for line in lines)
+        self.note(case, resp.status_code, resp.headers.get("x-request-id", ""), text=text)
+
+    def chat_body(self, case: str, **kw: Any) -> dict[str, Any]:
+        return {
+            "model": MODEL,
+            "messages": self.messages(case),
+            "options": self.options(case),
+            "keep_alive": "5m",
+            **kw,
+        }
+
+    def generate_body(self, case: str, **kw: Any) -> dict[str, Any]:
+        c = self.c
+        return {
+            "model": MODEL,
+            "system": f"A storyteller ({c(f'{case}: system')}).",
+            "prompt": f"{STORY} (ticket {c(f'{case}: prompt')})",
+            "options": self.options(case),
+            **kw,
+        }
+
+    def ollama_chat(self) -> None:
+        resp = self.post(
+            "ollama_chat", "/api/chat", json=self.chat_body("ollama_chat", stream=False)
+        )
+        self.note_ollama("ollama_chat", resp, "message")
+
+    def ollama_chat_stream(self) -> None:
+        self.ndjson(
+            "ollama_chat_stream", "/api/chat", self.chat_body("ollama_chat_stream"), "message"
+        )
+
+    def ollama_generate(self) -> None:
+        body = self.generate_body("ollama_generate", stream=False)
+        self.note_ollama(
+            "ollama_generate", self.post("ollama_generate", "/api/generate", json=body), "response"
+        )
+
+    def ollama_generate_stream(self) -> None:
+        body = self.generate_body("ollama_generate_stream", raw=True)
+        self.ndjson("ollama_generate_stream", "/api/generate", body, "response")
+
+    def ollama_format_schema(self) -> None:
+        body = self.chat_body("ollama_format", stream=False, format=self.schema("ollama_format"))
+        body["options"]["num_predict"] = 48
+        resp = self.post("ollama_format_schema", "/api/chat", json=body)
+        self.note_ollama("ollama_format_schema", resp, "message")
+
+    def ollama_tools(self) -> None:
+        c = self.c
+        tools = self.tools("ollama_tools")
+        name = tools[0]["function"]["name"]
+        messages = [
+            *self.messages("ollama_tools"),
+            {
+                "role": "assistant",
+                "content": c("ollama_tools: assistant text"),
+                "tool_calls": [
+                    {"function": {"name": name, "arguments": {"answer": c("ollama_tools: args")}}}
+                ],
+            },
+            {"role": "tool", "content": c("ollama_tools: tool result"), "tool_name": name},
+            {"role": "user", "content": f"{STORY} ({c('ollama_tools: last user message')})"},
+        ]
+        body = self.chat_body("ollama_tools", stream=False, messages=messages, tools=tools)
+        body["options"]["num_predict"] = 48
+        self.note_ollama(
+            "ollama_tools", self.post("ollama_tools", "/api/chat", json=body), "message"
+        )
+
+    def ollama_embed(self) -> None:
+        c = self.c
+        body = {
+            "model": EMBEDDER,
+            "input": [c("ollama_embed: input 1"), c("ollama_embed: input 2")],
+        }
+        resp = self.post("ollama_embed", "/api/embed", json=body)
+        assert len(resp.json()["embeddings"]) == 2
+
+    def ollama_refusals(self) -> None:
+        c = self.c
+        for case, path, body in (
+            (
+                "ollama_bad_option",
+                "/api/chat",
+                self.chat_body("ollama_bad_option", options={"mirostat": 2}),
+            ),
+            (
+                "ollama_generate_context",
+                "/api/generate",
+                self.generate_body("ollama_generate_context", context=[1, 2, 3]),
+            ),
+            (
+                "ollama_unknown_model",
+                "/api/chat",
+                self.chat_body("x", model=c("ollama model name")),
+            ),
+            ("ollama_pull", "/api/pull", {"model": c("ollama pull model")}),
+        ):
+            resp = self.post(case, path, json=body)
+            assert c.run not in resp.text, case  # errors never repeat what was sent
+            assert list(resp.json()) == ["error"], case

@@ -21,15 +21,18 @@ Message = dict[str, Any]
 class FakeApp:
     """An ASGI app that starts its answer (a stream or not) and then waits to be released."""
 
-    def __init__(self, *, stream: bool = True, start: bool = True) -> None:
+    def __init__(
+        self, *, stream: bool = True, start: bool = True, media: bytes = b"text/event-stream"
+    ) -> None:
         self.stream = stream
+        self.media = media
         self.start = start
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
         self.cancelled = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        media = b"text/event-stream" if self.stream else b"application/json"
+        media = self.media if self.stream else b"application/json"
         try:
             if self.start:
                 await send(
@@ -175,6 +178,19 @@ async def test_at_the_deadline_a_stream_is_cut_with_one_error_event() -> None:
     assert error["code"] == "service_unavailable"
     assert b"[DONE]" not in call.body
     assert drain.in_flight == 0
+
+
+async def test_at_the_deadline_an_ollama_stream_is_cut_with_one_error_line() -> None:
+    drain, app = Drain(0), FakeApp(media=b"application/x-ndjson")
+    call = Call(middleware(app, drain), "/api/chat")
+    await app.entered.wait()
+    await drain.run()
+    await call.task
+    assert app.cancelled and call.status == 200
+    last = call.sent[-1]
+    assert last["more_body"] is False and last["body"].endswith(b"\n")
+    error = json.loads(last["body"])
+    assert list(error) == ["error"] and "stopped" in error["error"]
 
 
 async def test_at_the_deadline_a_request_not_yet_answered_gets_the_503() -> None:
