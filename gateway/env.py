@@ -8,12 +8,24 @@ from the variables it names.
 
 from __future__ import annotations
 
-__all__ = ["CONFIG", "CREDENTIALS_DIRECTORY", "DATA_DIR", "DIRECT", "PEPPER", "PREFIX"]
+__all__ = [
+    "API_KEY",
+    "CONFIG",
+    "CREDENTIALS_DIRECTORY",
+    "DATA_DIR",
+    "DIRECT",
+    "HOST",
+    "PEPPER",
+    "PREFIX",
+]
 
 PREFIX = "AIRGATE_"
 CONFIG = "AIRGATE_CONFIG"  # path of airgate.toml
 DATA_DIR = "AIRGATE_DATA_DIR"  # data directory (models, later keys and the audit database)
 PEPPER = "AIRGATE_PEPPER"  # the API key pepper shared by replicas (hex or base64 of 32 bytes)
-DIRECT = frozenset({CONFIG, DATA_DIR, PEPPER})
+# read by the client commands (`airgate run`, `ls`, `ps`, `audit witness`), never by `serve`
+API_KEY = "AIRGATE_API_KEY"  # the API key a client command sends as its bearer token
+HOST = "AIRGATE_HOST"  # the server a client command talks to (default http://127.0.0.1:8000)
+DIRECT = frozenset({CONFIG, DATA_DIR, PEPPER, API_KEY, HOST})
 # systemd's (LoadCredential=): `${CREDENTIALS_DIRECTORY}/name` in a secret file's path
 CREDENTIALS_DIRECTORY = "CREDENTIALS_DIRECTORY"

@@ -3,6 +3,7 @@
 main     serve, and the root command
 admin    keys, policy, audit, db
 bundles  bundle, signing-key, kms
+run      run, ls, ps: a terminal chat and model lists, as clients of a running server
 common   options and failure reporting every subcommand shares
 """
 

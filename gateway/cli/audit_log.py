@@ -24,6 +24,7 @@ import typer
 
 from bundles.kms.signer import parse_verify_key
 
+from .. import env
 from ..access.audit_log import (
     audit_log_id,
     audit_witnesses,
@@ -131,7 +132,7 @@ def audit_witness(
     url: Annotated[str | None, typer.Option(help="The gateway, e.g. https://gw:8000.")] = None,
     api_key_env: Annotated[
         str, typer.Option(help="The variable holding an auditor API key.")
-    ] = "AIRGATE_API_KEY",
+    ] = env.API_KEY,
     accept_new_epoch: Annotated[
         bool, typer.Option(help="Keep a checkpoint of a new epoch (after a declared loss).")
     ] = False,

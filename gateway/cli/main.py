@@ -20,6 +20,7 @@ from . import audit_log as _audit_log  # noqa: F401  (registers `audit verify|wi
 from .admin import audit_app, db_app, keys_app, os_user, policy_app
 from .audit_signer import audit_signer_app
 from .bundles import bundle_app, kms_app, signing_key_app
+from .run import ls, ps, run
 
 __all__ = ["app", "main"]
 
@@ -40,6 +41,10 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(audit_app, name="audit")
 app.add_typer(audit_signer_app, name="audit-signer")
 app.add_typer(db_app, name="db")
+# clients of a running server (its Ollama API), as `ollama run | ls | ps`
+app.command()(run)
+app.command()(ls)
+app.command()(ps)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

@@ -93,6 +93,12 @@ def test_unrelated_environment_variables_are_ignored() -> None:
     assert settings.server.port == 8000
 
 
+def test_the_client_commands_variables_are_not_configuration() -> None:
+    """`airgate run` / `ls` / `ps` read these; a server started in the same shell ignores them."""
+    environ = {"AIRGATE_API_KEY": "ag_x", "AIRGATE_HOST": "http://127.0.0.1:9000"}
+    assert load_settings(None, environ=environ).server.host == "127.0.0.1"
+
+
 def test_data_dir_from_the_environment(tmp_path: Path) -> None:
     path = _write(tmp_path, 'data_dir = "/from/file"\n')
     settings = load_settings(path, environ={"AIRGATE_DATA_DIR": "/from/env"})

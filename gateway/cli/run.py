@@ -1,0 +1,281 @@
+"""`airgate run MODEL`, `airgate ls`, `airgate ps`: Ollama's terminal commands, as clients of
+a running `airgate serve` (its Ollama API), so each request is authenticated, policed and
+audited like any other.  Starting an engine inside the command is not done: the server runs it.
+
+The conversation lives in this process's memory only: nothing is written to disk, and no
+readline history file is read or written (readline keeps its line history in memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Annotated, Any, TextIO
+
+import typer
+
+from .. import env
+from .common import fail
+from .ollama_client import DEFAULT_HOST, Client, ClientError, ServerError
+
+__all__ = ["ls", "ps", "run"]
+
+HostOpt = Annotated[
+    str,
+    typer.Option(
+        "--host", envvar=env.HOST, help=f"The airgate server (also ${env.HOST}).", show_envvar=False
+    ),
+]
+
+# `/set parameter NAME VALUE`: Ollama's options, parsed as Ollama's CLI parses them
+_INTS = ("top_k", "num_predict", "seed", "num_ctx", "repeat_last_n", "mirostat", "min_keep")
+_FLOATS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "typical_p",
+    "tfs_z",
+)
+
+HELP = """Available commands:
+  /set parameter NAME VALUE   set an option (temperature, top_p, top_k, num_predict, seed,
+                              stop, repeat_penalty, ...); /set parameter stop A B ... for stops
+  /set system TEXT            set the system message
+  /set verbose | quiet        show (or not) token counts and timings after each answer
+  /show                       the parameters in force
+  /clear                      forget the conversation
+  /bye                        exit (also Ctrl-D)
+  /? or /help                 this help
+
+Use \"\"\" to begin and end a multi-line message.  Ctrl-C stops an answer.
+"""
+
+
+def _client(host: str) -> Client:
+    return Client(host, os.environ.get(env.API_KEY, ""))
+
+
+def _parse(name: str, values: list[str]) -> Any:
+    if name == "stop":
+        return values
+    if len(values) != 1:
+        raise ValueError(f"{name} takes one value")
+    if name in _INTS:
+        return int(values[0])
+    if name in _FLOATS:
+        return float(values[0])
+    raise ValueError(f"unknown parameter {name!r}")
+
+
+@dataclass
+class Session:
+    """One chat: the model, its options and its messages, in memory."""
+
+    client: Client
+    model: str
+    out: TextIO
+    options: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, str]] = field(default_factory=list)
+    system: str | None = None
+    verbose: bool = False
+
+    def ask(self, prompt: str) -> None:
+        """Send `prompt` with the history; print the answer as it streams.  The turn joins
+        the history only when the answer is whole."""
+        turn = {"role": "user", "content": prompt}
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        answer: list[str] = []
+        with self.client.chat(self.model, [*head, *self.messages, turn], self.options) as lines:
+            for line in lines:
+                piece = line.get("message", {}).get("content", "")
+                if piece:
+                    answer.append(piece)
+                    self.out.write(piece)
+                    self.out.flush()
+                if line.get("done"):
+                    self.out.write("\n")
+                    if self.verbose:
+                        _stats(line, sys.stderr)
+        self.messages += [turn, {"role": "assistant", "content": "".join(answer)}]
+
+    def command(self, text: str, echo: Callable[[str], None]) -> bool:
+        """A `/` command; False to leave."""
+        words = text.split()
+        name, args = words[0], words[1:]
+        if name == "/bye":
+            return False
+        if name in ("/?", "/help"):
+            echo(HELP)
+        elif name == "/clear":
+            self.messages.clear()
+            echo("Cleared session context")
+        elif name == "/show":
+            shown = [f"{k:<20}{v}" for k, v in self.options.items()]
+            echo("Parameters in force:\n  " + "\n  ".join(shown) if shown else "No parameters set")
+            if self.system:
+                echo("System message set")
+        elif name == "/set" and args[:1] == ["parameter"] and len(args) >= 3:
+            try:
+                self.options[args[1]] = _parse(args[1], args[2:])
+            except ValueError as exc:
+                echo(f"Couldn't set parameter: {exc}")
+            else:
+                echo(f"Set parameter '{args[1]}' to '{', '.join(args[2:])}'")
+        elif name == "/set" and args[:1] == ["system"] and len(args) >= 2:
+            self.system = text.split(None, 2)[2]
+            echo("Set system message.")
+        elif name == "/set" and args in (["verbose"], ["quiet"]):
+            self.verbose = args == ["verbose"]
+            echo(f"Set '{args[0]}' mode.")
+        else:
+            echo(f"Unknown command '{text.strip()}'. Type /? for help")
+        return True
+
+
+def _stats(line: dict[str, Any], to: TextIO) -> None:
+    def seconds(ns: Any) -> str:
+        return f"{(ns or 0) / 1e9:.6f}s"
+
+    to.write(
+        f"total duration:       {seconds(line.get('total_duration'))}\n"
+        f"load duration:        {seconds(line.get('load_duration'))}\n"
+        f"prompt eval count:    {line.get('prompt_eval_count', 0)} token(s)\n"
+        f"prompt eval duration: {seconds(line.get('prompt_eval_duration'))}\n"
+        f"eval count:           {line.get('eval_count', 0)} token(s)\n"
+        f"eval duration:        {seconds(line.get('eval_duration'))}\n"
+    )
+    to.flush()
+
+
+def _read_message(first: str) -> str:
+    """A message: one line, or from a line starting with \"\"\" to one ending with it."""
+    if not first.startswith('"""'):
+        return first
+    text = first[3:]
+    lines: list[str] = []
+    while not text.endswith('"""'):
+        lines.append(text)
+        text = input("... ")
+    lines.append(text[:-3])
+    return "\n".join(lines).strip("\n")
+
+
+def _repl(session: Session) -> None:
+    with contextlib.suppress(ImportError):  # a Python built without it: plain input()
+        import readline  # noqa: F401  (line editing; its history stays in memory, no file)
+    typer.echo("Send a message (/? for help)")
+    while True:
+        try:
+            line = input(">>> ")
+            if not line.strip():
+                continue
+            message = _read_message(line)
+        except EOFError:  # Ctrl-D
+            typer.echo()
+            return
+        except KeyboardInterrupt:
+            typer.echo("\nUse Ctrl + d or /bye to exit.")
+            continue
+        if message.startswith("/") and not line.startswith('"""'):
+            if not session.command(message, typer.echo):
+                return
+            continue
+        try:
+            session.ask(message)
+        except KeyboardInterrupt:  # the stream is closed: the server aborts the answer
+            typer.echo()
+        except ServerError as exc:
+            typer.echo(f"Error: {exc}", err=True)
+        typer.echo()
+
+
+def run(
+    model: Annotated[str, typer.Argument(help="The model (see `airgate ls`).")],
+    prompt: Annotated[
+        list[str] | None, typer.Argument(help="A prompt: answer it and exit.")
+    ] = None,
+    host: HostOpt = DEFAULT_HOST,
+) -> None:
+    """Chat with a model in the terminal, or answer one prompt (an argument, or stdin).
+
+    Talks to a running `airgate serve` (start it first: this command does not load models) with
+    the API key in $AIRGATE_API_KEY.  The conversation is kept in memory only.
+    """
+    words = " ".join(prompt or [])
+    interactive = sys.stdin.isatty()
+    if not interactive:
+        words = " ".join(p for p in (sys.stdin.read().strip(), words) if p)
+    client = _client(host)
+    session = Session(client, model, sys.stdout)
+    try:
+        if words:
+            session.ask(words)
+        elif interactive:
+            _repl(session)
+        else:
+            raise fail("no prompt: give one as an argument or on stdin", 2)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except ClientError as exc:
+        raise fail(str(exc)) from None
+    finally:
+        client.close()
+
+
+def _ago(when: str, now: datetime) -> str:
+    try:
+        then = datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
+        return when
+    seconds = int((now - then).total_seconds())
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count > 1 else ''} ago"
+    return "Less than a minute ago"
+
+
+def _table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        typer.echo("   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _listing(host: str, path: str) -> list[dict[str, Any]]:
+    client = _client(host)
+    try:
+        models: list[dict[str, Any]] = client.get(path).get("models", [])
+    except ClientError as exc:
+        raise fail(str(exc)) from None
+    finally:
+        client.close()
+    return models
+
+
+def _id(model: dict[str, Any]) -> str:
+    """The signed bundle's digest, shortened as Ollama shortens its ids; none: `-`."""
+    return str(model.get("digest") or "-")[:12]
+
+
+def ls(host: HostOpt = DEFAULT_HOST) -> None:
+    """List the models the server offers you (GET /api/tags).  SIZE is not known here: `-`."""
+    now = datetime.now(UTC)
+    rows = [["NAME", "ID", "SIZE", "MODIFIED"]]
+    for m in _listing(host, "/api/tags"):
+        rows.append([m["name"], _id(m), "-", _ago(m.get("modified_at", ""), now)])
+    _table(rows)
+
+
+def ps(host: HostOpt = DEFAULT_HOST) -> None:
+    """List the models loaded now (GET /api/ps); they stay loaded while the server runs."""
+    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "UNTIL"]]
+    for m in _listing(host, "/api/ps"):
+        rows.append([m["name"], _id(m), "-", "-", "Forever"])
+    _table(rows)
