@@ -49,7 +49,7 @@ from bench._report import (
 from bench.audit_throughput import _database, sample_event
 from bundles.kms.signer import LocalSigner
 from gateway.audit import AuditUnavailable, AuditWriter, verify_log
-from gateway.audit._head import Head, extend
+from gateway.audit._head import Head, extend, parse_frontier
 from gateway.audit.checkpoint import Checkpoint, CheckpointKind, checkpoint_from_row
 from gateway.audit.merkle import CompactTree
 from gateway.audit.schema import audit_checkpoints, audit_events
@@ -135,13 +135,11 @@ async def _head_in(conn: AsyncConnection, log_id: str) -> Head:
             select(ev.row_hash).where(ev.log_id == log_id, ev.seq == checkpoint.size)
         )
     ).scalar()
-    frontier = str(row.frontier)
-    stack = [bytes.fromhex(frontier[i : i + 64]) for i in range(0, len(frontier), 64)]
     return Head(
         seq=checkpoint.size,
         row_hash=str(last or "0" * 64),
         checkpoint=checkpoint,
-        tree=CompactTree(checkpoint.size, stack),
+        tree=CompactTree(checkpoint.size, parse_frontier(str(row.frontier))),
     )
 
 

@@ -29,7 +29,7 @@ from .event import AuditEvent
 from .merkle import CompactTree
 from .schema import audit_checkpoints, audit_events
 
-__all__ = ["Head", "Signing", "extend", "read_head", "seal"]
+__all__ = ["Head", "Signing", "extend", "parse_frontier", "read_head", "seal"]
 
 
 class Signing(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,7 +53,8 @@ class Head(msgspec.Struct, frozen=True, kw_only=True):
         return self.checkpoint.epoch if self.checkpoint else 1
 
 
-def _frontier(text: str) -> list[bytes]:
+def parse_frontier(text: str) -> list[bytes]:
+    """A checkpoint row's stored frontier (hex, 64 digits a node); ValueError if malformed."""
     if len(text) % 64:
         raise ValueError("frontier")
     return [bytes.fromhex(text[i : i + 64]) for i in range(0, len(text), 64)]
@@ -101,7 +102,7 @@ async def read_head(engine: AsyncEngine, log_id: str) -> Head:
             "`airgate audit verify`"
         )
     try:
-        tree = CompactTree(checkpoint.size, _frontier(str(cp_row.frontier)))
+        tree = CompactTree(checkpoint.size, parse_frontier(str(cp_row.frontier)))
     except ValueError:
         tree = None
     if tree is None or tree.root().hex() != checkpoint.root:

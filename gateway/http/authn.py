@@ -22,8 +22,6 @@ from litestar import Request
 from litestar.enums import ScopeType
 from litestar.types import (
     ASGIApp,
-    HTTPResponseBodyEvent,
-    HTTPResponseStartEvent,
     Receive,
     Scope,
     Send,
@@ -37,11 +35,10 @@ from ..errors import (
     RateLimited,
     ServiceUnavailable,
     Unauthenticated,
-    error_body_for,
 )
 from .failure_audit import FailureAudit
 from .flood import FloodGuard, retry_after_header
-from .request_log import RequestInfo
+from .request_log import RequestInfo, send_error
 from .tls import client_cert_pem
 
 __all__ = ["AuthMiddleware", "caller", "client_address", "principal_of"]
@@ -130,7 +127,7 @@ class AuthMiddleware:
             await self._refuse(scope, send, address, _code(reason), err)
             return
         except KeyStoreUnavailable:
-            await _send_error(scope, send, ServiceUnavailable("the key store is unavailable"))
+            await send_error(scope, send, ServiceUnavailable("the key store is unavailable"))
             return
         self.guard.remember(credential, now)
         state = scope["state"]
@@ -157,11 +154,11 @@ class AuthMiddleware:
         except ServiceUnavailable as exc:  # a refusal it cannot audit is not answered as one
             if noted.opened is not None:
                 self.failures.retract(noted.opened)
-            await _send_error(scope, send, exc)
+            await send_error(scope, send, exc)
             return
         if noted.opened is not None:  # one log line per address and reason per window
             _log.info("authentication refused: %s from %s", reason, address)
-        await _send_error(scope, send, err)
+        await send_error(scope, send, err)
 
 
 def _code(reason: str) -> str:
@@ -172,20 +169,3 @@ def _code(reason: str) -> str:
 def _record(scope: Scope) -> RequestInfo:
     record: RequestInfo = scope["state"]["airgate"]  # the request log runs outside this
     return record
-
-
-async def _send_error(scope: Scope, send: Send, err: GatewayError) -> None:
-    info = _record(scope)
-    if info.error_code is None:
-        info.error_code = err.code or err.type
-    body = error_body_for(scope.get("path", ""), err)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
-    start: HTTPResponseStartEvent = {
-        "type": "http.response.start",
-        "status": err.status_code,
-        "headers": headers,
-    }
-    await send(start)
-    end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body, "more_body": False}
-    await send(end)

@@ -40,7 +40,7 @@ from litestar.types import ASGIApp, HTTPResponseBodyEvent, Message, Receive, Sco
 
 from ..config import ServerSettings
 from ..errors import GatewayError, ServiceUnavailable, error_body_for
-from .request_log import request_info
+from .request_log import request_info, send_error
 
 __all__ = [
     "CLOSE_GRACE_S",
@@ -180,7 +180,7 @@ class DrainMiddleware:
         drain = self.drain
         if drain.draining:
             drain.refused += 1
-            await _answer(scope, send, draining_error("the server is draining: retry elsewhere"))
+            await send_error(scope, send, draining_error("the server is draining: retry elsewhere"))
             return
         flight = drain.enter()
 
@@ -210,7 +210,7 @@ class DrainMiddleware:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(CUT_GRACE_S):
                 if not flight.started:
-                    await _answer(scope, send, err)
+                    await send_error(scope, send, err)
                 elif flight.event_stream is not None:
                     request_info(scope).error_code = err.code
                     if flight.event_stream == _SSE:
@@ -235,15 +235,6 @@ def _stream_kind(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
             kind = value.partition(b";")[0].strip()
             return kind if kind in (_SSE, _NDJSON) else None
     return None
-
-
-async def _answer(scope: Scope, send: Send, err: GatewayError) -> None:
-    request_info(scope).error_code = err.code
-    body = error_body_for(scope.get("path", ""), err)
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
-    await send({"type": "http.response.start", "status": err.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class DrainingServer(uvicorn.Server):

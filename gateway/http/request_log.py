@@ -20,13 +20,22 @@ from collections.abc import Iterable
 from typing import Any
 
 from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import (
+    ASGIApp,
+    HTTPResponseBodyEvent,
+    HTTPResponseStartEvent,
+    Message,
+    Receive,
+    Scope,
+    Send,
+)
 
+from ..errors import GatewayError, error_body_for
 from ..ids import random_hex
 from ..pipeline.facts import Progress
 from ..telemetry.metrics import Metrics
 
-__all__ = ["RequestInfo", "RequestLogMiddleware", "RouteTemplates", "request_info"]
+__all__ = ["RequestInfo", "RequestLogMiddleware", "RouteTemplates", "request_info", "send_error"]
 
 _log = logging.getLogger("airgate.request")
 _CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}\Z")
@@ -151,3 +160,22 @@ def _client_request_id(scope: Scope) -> bytes | None:
         if name == b"x-request-id":
             return value if _CLIENT_ID.match(value) else None
     return None
+
+
+async def send_error(scope: Scope, send: Send, err: GatewayError) -> None:
+    """Answer `err` from ASGI middleware (before or instead of the app), in the error shape
+    of the route's protocol, and note its code in the request log (the first code wins)."""
+    info = request_info(scope)
+    if info.error_code is None:
+        info.error_code = err.code or err.type
+    body = error_body_for(scope.get("path", ""), err)
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+    start: HTTPResponseStartEvent = {
+        "type": "http.response.start",
+        "status": err.status_code,
+        "headers": headers,
+    }
+    await send(start)
+    end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body, "more_body": False}
+    await send(end)
