@@ -40,6 +40,7 @@ test-services:
 	bash scripts/test-services.sh
 
 SOURCES := gateway backends policies bundles tests bench migrations
+SOURCES += deploy/airgap
 
 ## Install the dev dependencies, check the code (lint, format, types, layering), run every test.
 test: $(VENV)/.vllm test-services lint
@@ -50,6 +51,7 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check $(SOURCES)
 	$(VENV)/bin/ruff format --check $(SOURCES)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy deploy/airgap/build_kit.py
 	$(VENV)/bin/lint-imports
 
 ## Every benchmark scenario against its peers (installs wrk; peers get their own environments).
@@ -60,6 +62,16 @@ bench: $(VENV)/.dev
 ## 30 minutes of mixed streaming load at saturation on llama.cpp: errors, latency drift, RSS growth.
 soak: $(VENV)/.dev
 	$(PY) -m bench.soak $(ARGS)
+
+## The signed offline installation kit for this platform (deploy/airgap/INSTALL.md):
+## make airgap-kit KIT_SIGNING_KEY=publisher.key  (a key from `airgate signing-key create`).
+.PHONY: airgap-kit airgap-kit-vllm
+airgap-kit: $(VENV)/.installed
+	$(PY) deploy/airgap/build_kit.py --signing-key "$(KIT_SIGNING_KEY)" $(KIT_ARGS)
+
+## The same, plus a second kit with vLLM's CPU build (needs the CPU torch, as `make vllm` does).
+airgap-kit-vllm: $(VENV)/.installed
+	$(PY) deploy/airgap/build_kit.py --signing-key "$(KIT_SIGNING_KEY)" --vllm $(KIT_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -3,7 +3,8 @@
 `seal_bundle` encrypts model files under a fresh data key wrapped by KMS recipients and signs the
 manifest; `open_bundle` checks everything and decrypts into memory that is never persistent disk;
 `verify_bundle` does the keyless checks; `rekey_bundle` changes recipients without touching the
-payload.  There are no algorithm choices here: the format fixes them (see `manifest.py`).
+payload; `create_renewal` / `verify_renewal` extend a bundle's offline window, signed at HQ.
+There are no algorithm choices here: the format fixes them (see `manifest.py`).
 """
 
 from .errors import (
@@ -27,6 +28,14 @@ from .loader import (
     verify_bundle,
 )
 from .manifest import FORMAT, Manifest, ModelInfo
+from .renewal import (
+    RENEWAL_FORMAT,
+    Renewal,
+    VerifiedRenewal,
+    create_renewal,
+    offline_window,
+    verify_renewal,
+)
 from .sealer import SourceFile, rekey_bundle, seal_bundle, sources_from_path
 from .signing import (
     TrustedKeys,
@@ -39,6 +48,7 @@ from .signing import (
 
 __all__ = [
     "FORMAT",
+    "RENEWAL_FORMAT",
     "BundleError",
     "BundleFormatError",
     "BundleIntegrityError",
@@ -51,17 +61,21 @@ __all__ = [
     "Manifest",
     "ModelInfo",
     "OpenedModel",
+    "Renewal",
     "SigningKeyError",
     "SourceFile",
     "TrustedKeys",
     "VerifiedBundle",
+    "VerifiedRenewal",
     "WrappedKey",
     "check_bundle",
+    "create_renewal",
     "create_signing_key",
     "decrypt_check",
     "init_key_file",
     "key_id",
     "load_signing_key",
+    "offline_window",
     "open_bundle",
     "parse_public_key",
     "parse_recipient",
@@ -71,4 +85,5 @@ __all__ = [
     "seal_bundle",
     "sources_from_path",
     "verify_bundle",
+    "verify_renewal",
 ]

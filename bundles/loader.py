@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 from ._crypto.stream import SegmentDecrypter, plaintext_size, wipe
@@ -39,7 +39,9 @@ from .manifest import (
     file_associated_data,
     key_context,
     parse_timestamp,
+    timestamp,
 )
+from .renewal import Renewal, VerifiedRenewal, offline_window
 from .signing import TrustedKeys, signature_key_id, verify_manifest
 
 __all__ = [
@@ -117,15 +119,22 @@ def _step(hook: StepHook | None, bundle: VerifiedBundle, step: str, **extra: str
         hook(step, fields)
 
 
-def _check_policy(manifest: Manifest, now: datetime, engine: str | None) -> None:
+def _check_policy(
+    manifest: Manifest, now: datetime, engine: str | None, renewal: Renewal | None = None
+) -> None:
+    """Validity, the offline window (restarted by a verified `renewal`) and the engine."""
     if manifest.not_before and now < parse_timestamp(manifest.not_before):
         raise BundlePolicyError(f"the bundle is not valid before {manifest.not_before}")
     if manifest.not_after and now > parse_timestamp(manifest.not_after):
         raise BundlePolicyError(f"the bundle expired at {manifest.not_after}")
-    days = manifest.policy.max_offline_days
-    if days is not None and now > parse_timestamp(manifest.created) + timedelta(days=days):
+    window = offline_window(manifest, renewal)
+    if window is not None and now > window[2]:
+        start, days, end = window
+        since = "renewed" if renewal is not None else "sealed"
         raise BundlePolicyError(
-            f"the bundle may be used for {days} days after it was sealed; that time is over"
+            f"the bundle may be used offline for {days} days after it was {since} "
+            f"({timestamp(start)}); that window lapsed at {timestamp(end)}: a renewal signed "
+            "at HQ is needed (`airgate bundle renew FILE`)"
         )
     if engine is not None and engine not in manifest.policy.allowed_engines:
         raise BundlePolicyError(
@@ -184,14 +193,19 @@ def check_bundle(
     now: datetime,
     engine: str | None = None,
     on_step: StepHook | None = None,
+    renewal: VerifiedRenewal | None = None,
 ) -> VerifiedBundle:
     """The cheap checks: signature, validity and policy, files and sizes (no payload read).
 
     A server runs these at start-up, so a bundle that cannot be served stops it at once.
+    `renewal` (verified against pinned keys) restarts the offline window; it must name this
+    bundle (id and manifest digest) and not be issued in the future.
     """
     bundle = read_manifest(path, trusted)
     _step(on_step, bundle, "signature verified", signer=bundle.signer)
-    _check_policy(bundle.manifest, now, engine)
+    if renewal is not None:
+        renewal.check(bundle.manifest, bundle.digest, now=now)
+    _check_policy(bundle.manifest, now, engine, renewal.renewal if renewal else None)
     _step(on_step, bundle, "policy checked")
     _check_files(bundle.store, bundle.manifest)
     return bundle
@@ -215,9 +229,10 @@ def verify_bundle(
     engine: str | None = None,
     progress: Progress | None = None,
     on_step: StepHook | None = None,
+    renewal: VerifiedRenewal | None = None,
 ) -> VerifiedBundle:
     """Signature, policy, sizes and ciphertext digests: everything that needs no key."""
-    bundle = check_bundle(path, trusted, now=now, engine=engine, on_step=on_step)
+    bundle = check_bundle(path, trusted, now=now, engine=engine, on_step=on_step, renewal=renewal)
     _verify_ciphertext(bundle, progress, on_step)
     return bundle
 
@@ -313,12 +328,14 @@ def open_bundle(
     progress: Progress | None = None,
     on_step: StepHook | None = None,
     tmpfs_root: Path | None = None,
+    renewal: VerifiedRenewal | None = None,
 ) -> OpenedModel:
     """Verify and decrypt a bundle into memory; the result is ready to hand to `engine`.
 
-    `tmpfs_root` (tests) replaces the tmpfs search for multi-file models.
+    `tmpfs_root` (tests) replaces the tmpfs search for multi-file models; `renewal` as for
+    `check_bundle`.
     """
-    bundle = check_bundle(path, trusted, now=now, engine=engine, on_step=on_step)
+    bundle = check_bundle(path, trusted, now=now, engine=engine, on_step=on_step, renewal=renewal)
     manifest = bundle.manifest
     if manifest.model.weight_format == "gguf" and len(manifest.files) != 1:
         raise BundleFormatError("a GGUF bundle holds exactly one file")

@@ -18,6 +18,9 @@ from litestar.di import Provide
 from .access.stack import Security, SecurityHolder, open_security
 from .audit import AuditEvent, new_event_id
 from .config import Settings
+from .console import Console, SessionStore
+from .egress import installed as egress_guard
+from .egress.denials import DENIALS
 from .engines.registry import ModelRegistry
 from .engines.runtime import build_registry, start_engines, stop_engines
 from .errors import exception_handlers
@@ -28,7 +31,7 @@ from .http.flood import FloodGuard
 from .http.request_log import RequestLogMiddleware, RouteTemplates
 from .openai.sse import sse_error
 from .pipeline import Pipeline
-from .routes import ROUTES, openapi_route, paths, public_paths
+from .routes import ROUTES, openapi_route, paths, public_paths, session_prefixes
 from .routing import Router
 from .telemetry.metrics import Metrics
 from .telemetry.traces import Telemetry
@@ -69,10 +72,21 @@ def _build(
     holder = SecurityHolder()
     metrics.watch(lambda: _access_gauges(holder))
     metrics.watch(drain.gauges)
+    metrics.watch(_egress_gauge)
+    metrics.count(
+        "airgate_egress_denied",
+        "Connections and name lookups the egress guard refused, by process (this one or a "
+        "child: vLLM's engine core)",
+        "process",
+        DENIALS.counts,
+    )
     metrics.info("airgate_policy", "The policy version in force", lambda: _policy_info(holder))
     inference = Pipeline(models, metrics, router, telemetry, holder)
     routes = (*ROUTES, openapi_route(_version()))
     failures = FailureAudit(settings.auth.failure_audit_window_s)  # auth failures, aggregated
+    limits = settings.auth  # failed authentications per client address, checked first
+    guard = FloodGuard(burst=limits.failure_burst, rate_per_s=limits.failure_rate_per_s)
+    console = Console(SessionStore(settings.console), guard)  # its sign-in shares the budget
 
     @contextlib.asynccontextmanager
     async def access(_: Litestar) -> AsyncIterator[None]:
@@ -85,8 +99,10 @@ def _build(
             with contextlib.suppress(RuntimeError, ValueError):
                 loop.add_signal_handler(signal.SIGHUP, security.policy.reload)
             try:
-                async with failures.flushing(security.record):  # the last totals on the way out
-                    yield
+                # the last totals on the way out; egress refusals audited while the log is open
+                async with failures.flushing(security.record):
+                    with DENIALS.auditing(security.audit.append_nowait):
+                        yield
             finally:
                 holder.security = None
                 with contextlib.suppress(RuntimeError, ValueError):
@@ -121,11 +137,12 @@ def _build(
             "inference": Provide(lambda: inference, use_cache=True, sync_to_thread=False),
             "drain": Provide(lambda: drain, use_cache=True, sync_to_thread=False),
             "airgate_version": Provide(_version, use_cache=True, sync_to_thread=False),
+            "console": Provide(lambda: console, use_cache=True, sync_to_thread=False),
         },
         exception_handlers=exception_handlers,
         lifespan=[access, engines],
         # for in-process inspection (tests, embedding); nothing on the request path reads it
-        state=State({"security_holder": holder}),
+        state=State({"security_holder": holder, "console": console}),
         request_max_body_size=settings.server.max_request_bytes,
         openapi_config=None,
         debug=False,
@@ -133,9 +150,14 @@ def _build(
     )
     # Outside Litestar's router (not as route middleware): unrouted requests (404, 405) get a
     # request id and a log line too.
-    limits = settings.auth  # failed authentications per client address, checked first
-    guard = FloodGuard(burst=limits.failure_burst, rate_per_s=limits.failure_rate_per_s)
-    authenticated = AuthMiddleware(app.asgi_handler, holder, public_paths(routes), guard, failures)
+    authenticated = AuthMiddleware(
+        app.asgi_handler,
+        holder,
+        public_paths(routes),
+        guard,
+        failures,
+        sessions=session_prefixes(routes),
+    )
     drained = DrainMiddleware(authenticated, drain, sse_error)  # counted, refused while draining
     app.asgi_handler = RequestLogMiddleware(drained, metrics, RouteTemplates(paths(routes)))
     return app
@@ -165,6 +187,15 @@ def _access_gauges(holder: SecurityHolder) -> dict[str, tuple[str, float]]:
             "Checkpoint publications a witness refused (see the log for which)",
             float(security.audit.publisher.failures),
         ),
+    }
+
+
+def _egress_gauge() -> dict[str, tuple[str, float]]:
+    return {
+        "airgate_egress_guard": (
+            "1 when the egress guard is installed in this process",
+            float(egress_guard() is not None),
+        )
     }
 
 

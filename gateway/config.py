@@ -21,6 +21,10 @@ from . import env
 __all__ = [
     "BundleSettings",
     "ConfigError",
+    "ConsoleSettings",
+    "CostSettings",
+    "DeploymentCost",
+    "EgressSettings",
     "EngineSettings",
     "KmsSettings",
     "ModelSettings",
@@ -61,6 +65,9 @@ class ServerSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=
     max_header_bytes: Annotated[int, Meta(ge=1024, le=1024 * 1024)] = 32 * 1024
     max_headers: Annotated[int, Meta(ge=8, le=1000)] = 100
     header_timeout_s: Annotated[float, Meta(gt=0, le=300)] = 10.0
+    # stderr: "json" (one object per line, for journals and pipes), "text" (short lines for a
+    # person), "auto": text when stderr is a terminal, else JSON
+    log_format: Literal["auto", "json", "text"] = "auto"
 
 
 class EngineSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -236,6 +243,9 @@ class AuthSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     # auth failures are audited as one event per (address, reason) per window, with a count
     # (the first of a window at once); 0: one event per failure
     failure_audit_window_s: Annotated[float, Meta(ge=0, le=3600)] = 10.0
+    # a keyless request over loopback TCP from the OS user the server runs as is that user's
+    # app (team "local", role app; see README); needs a loopback [server] host and no mTLS
+    local_trust: bool = False
 
 
 class PolicySettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -275,6 +285,9 @@ class AuditSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
     # public keys verification trusts (`ed25519:...`, `ecdsa-p256:...`, or files of them);
     # never the data directory's own key file
     trusted_keys: list[str] = []
+    # enrolled laptops (HQ): their enrolment requests (`airgate device enroll`), as files or
+    # the JSON text inline; each device's key is trusted for that device's own chain only
+    devices: list[str] = []
     # witnesses that receive every published checkpoint, outside the database: an append-only
     # directory on another mount (WORM in production), and a syslog address
     # ("udp://host:port", "tcp://host:port" or a unix socket path)
@@ -302,6 +315,23 @@ class TelemetrySettings(_Section, frozen=True, forbid_unknown_fields=True, kw_on
     ca_file: str | None = None
 
 
+class EgressSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The runtime egress guard (README, "Egress guard"): connections from `serve` and its
+    children (vLLM's engine core) go only to loopback, the endpoints configured above (Redis,
+    PostgreSQL, KMS, OTLP collector, syslog witness) and `allow`; anything else is refused
+    before it connects, counted and audited (`egress.denied`)."""
+
+    enabled: bool = True
+    # more destinations: "host:port", "host" (every port), "10.0.0.0/8:443", "[2001:db8::1]:443"
+    allow: list[str] = []
+
+    def __post_init__(self) -> None:
+        from .egress.allow_list import parse_entry
+
+        for entry in self.allow:
+            parse_entry(entry)  # raises ValueError naming the entry
+
+
 class RoutingSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How requests wait when every deployment of a model is full, and when a deployment is
     taken out of rotation."""
@@ -312,6 +342,63 @@ class RoutingSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only
     breaker_failures: Annotated[int, Meta(ge=1, le=1000)] = 5  # consecutive, to open
     breaker_open_s: Annotated[float, Meta(ge=0, le=3600)] = 30.0  # before one probe
     retry: bool = True  # a failure before the first token is retried once elsewhere
+
+
+class ConsoleSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The compliance console's sign-in sessions (kept in the serving process: one replica's
+    session is unknown to the others, so a load balancer must keep a browser on one replica)."""
+
+    idle_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] = 900.0  # no request for this long
+    absolute_timeout_s: Annotated[float, Meta(gt=0, le=7 * 86_400)] = 8 * 3600.0  # since sign-in
+
+
+# money: non-negative, finite (TOML allows inf and nan; the bounds refuse both)
+Money = Annotated[float, Meta(ge=0, le=1e12)]
+Price = Annotated[float, Meta(gt=0, le=1e12)]  # per 1M tokens: divided by, so never 0
+
+
+class DeploymentCost(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What one deployment (`deployment = "<name>"`), or every deployment of an engine class
+    (`class = "gpu" | "edge"`), costs to run: hardware by the hour or by the month (one of the
+    two), operations (power, support, staff) by the month, and the API price per 1M tokens it
+    is compared against (default: `[cost] api_price_per_million`).  A month is 730 hours."""
+
+    deployment: Annotated[str, Meta(max_length=128, pattern=_DEPLOYMENT)] | None = None
+    engine_class: Literal["gpu", "edge"] | None = msgspec.field(default=None, name="class")
+    hardware_per_hour: Money | None = None
+    hardware_per_month: Money | None = None
+    operations_per_month: Money = 0.0
+    api_price_per_million: Price | None = None
+
+    def __post_init__(self) -> None:
+        if (self.deployment is None) == (self.engine_class is None):
+            raise ValueError("a [[cost.deployments]] entry names one `deployment` or one `class`")
+        if (self.hardware_per_hour is None) == (self.hardware_per_month is None):
+            raise ValueError(
+                "a [[cost.deployments]] entry gives one of `hardware_per_hour` or "
+                "`hardware_per_month`"
+            )
+
+
+class CostSettings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The TCO report's inputs (`airgate report tco`): a label for the currency, the API price
+    per 1M tokens self-hosting is compared against, and each deployment's costs."""
+
+    currency: Annotated[str, Meta(pattern=r"^[A-Z]{3}$")] = "USD"
+    api_price_per_million: Price | None = None
+    deployments: list[DeploymentCost] = []
+
+    def __post_init__(self) -> None:
+        seen: set[tuple[str, str]] = set()
+        for entry in self.deployments:
+            which = (
+                ("deployment", entry.deployment)
+                if entry.deployment is not None
+                else ("class", str(entry.engine_class))
+            )
+            if which in seen:
+                raise ValueError(f"[[cost.deployments]] {which[0]} {which[1]!r} is priced twice")
+            seen.add(which)
 
 
 class Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -326,6 +413,9 @@ class Settings(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     audit: AuditSettings = AuditSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     routing: RoutingSettings = RoutingSettings()
+    console: ConsoleSettings = ConsoleSettings()
+    cost: CostSettings = CostSettings()
+    egress: EgressSettings = EgressSettings()
     models: list[ModelSettings] = []
 
 
@@ -333,7 +423,17 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("airgate", appauthor=False))
 
 
-_ENV_SECTIONS = ("server", "engine", "policy", "limits", "audit", "telemetry", "routing")
+_ENV_SECTIONS = (
+    "server",
+    "engine",
+    "policy",
+    "limits",
+    "audit",
+    "telemetry",
+    "routing",
+    "console",
+    "egress",
+)
 
 
 def _env_value(text: str) -> Any:
@@ -405,6 +505,7 @@ def load_settings(
     if not settings.data_dir:
         settings = msgspec.structs.replace(settings, data_dir=str(default_data_dir()))
     _check_models(settings)
+    _check_local_trust(settings)
     return settings
 
 
@@ -417,6 +518,25 @@ def _describe(exc: msgspec.ValidationError) -> str:
         field = message.split("`")[1]
         return f"unknown key {'.'.join(p for p in (key, field) if p)!r}"
     return f"{key or 'top level'}: {message}"
+
+
+def _check_local_trust(settings: Settings) -> None:
+    if not settings.auth.local_trust:
+        return
+    from .access.auth.local_trust import is_loopback_host  # the check the server applies
+
+    host = settings.server.host
+    if not is_loopback_host(host):
+        raise ConfigError(
+            "[auth] local_trust needs a loopback [server] host (127.0.0.1, ::1 or localhost), "
+            f"not {host!r}: a keyless caller is trusted only because it runs on this machine "
+            "as this user; bind to 127.0.0.1, or turn local_trust off and use API keys"
+        )
+    if settings.auth.mtls is not None:
+        raise ConfigError(
+            "[auth] local_trust and [auth.mtls] exclude each other: with mTLS every caller "
+            "is identified by its client certificate; remove one of them"
+        )
 
 
 def _check_models(settings: Settings) -> None:

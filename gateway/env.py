@@ -14,7 +14,10 @@ __all__ = [
     "CREDENTIALS_DIRECTORY",
     "DATA_DIR",
     "DIRECT",
+    "EGRESS_ALLOW",
+    "EGRESS_REPORT",
     "HOST",
+    "OFFLINE",
     "PEPPER",
     "PREFIX",
 ]
@@ -26,6 +29,18 @@ PEPPER = "AIRGATE_PEPPER"  # the API key pepper shared by replicas (hex or base6
 # read by the client commands (`airgate run`, `ls`, `ps`, `audit witness`), never by `serve`
 API_KEY = "AIRGATE_API_KEY"  # the API key a client command sends as its bearer token
 HOST = "AIRGATE_HOST"  # the server a client command talks to (default http://127.0.0.1:8000)
-DIRECT = frozenset({CONFIG, DATA_DIR, PEPPER, API_KEY, HOST})
+# set by `serve` for its children (the egress guard, gateway/egress): the allow-list the guard
+# installs in every Python child at start, and the socket a child reports a refusal to
+EGRESS_ALLOW = "AIRGATE_EGRESS_ALLOW"
+EGRESS_REPORT = "AIRGATE_EGRESS_REPORT"
+DIRECT = frozenset({CONFIG, DATA_DIR, PEPPER, API_KEY, HOST, EGRESS_ALLOW, EGRESS_REPORT})
+# set by `serve` for itself and every child: third-party phone-home off (Hugging Face Hub,
+# transformers, vLLM's usage statistics, and everything that honours DO_NOT_TRACK)
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 # systemd's (LoadCredential=): `${CREDENTIALS_DIRECTORY}/name` in a secret file's path
 CREDENTIALS_DIRECTORY = "CREDENTIALS_DIRECTORY"

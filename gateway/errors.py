@@ -7,7 +7,8 @@
     │   └── ContextLengthExceeded      400 ... code=context_length_exceeded
     ├── Unauthenticated                401 invalid_request_error  code=invalid_api_key
     ├── PermissionDenied               403 invalid_request_error  code=permission_denied
-    │   └── PolicyDenied               403 ... code=<the policy decision's code>
+    │   ├── PolicyDenied               403 ... code=<the policy decision's code>
+    │   └── ModelExpired               403 ... code=model_expired (an imported bundle lapsed)
     ├── NotFound                       404 invalid_request_error  code=not_found
     │   └── ModelNotFound              404 ... code=model_not_found
     ├── MethodNotAllowed               405 invalid_request_error  code=method_not_allowed
@@ -44,6 +45,7 @@ __all__ = [
     "InternalError",
     "InvalidRequest",
     "MethodNotAllowed",
+    "ModelExpired",
     "ModelNotFound",
     "NotFound",
     "Overloaded",
@@ -109,6 +111,12 @@ class PolicyDenied(PermissionDenied):
     def __init__(self, message: str, *, decision_code: str, param: str | None = None) -> None:
         super().__init__(message, param=param)
         self.code = decision_code
+
+
+class ModelExpired(PermissionDenied):
+    """The model's bundle is past its offline window or validity: HQ must renew it."""
+
+    code = "model_expired"
 
 
 class NotFound(GatewayError):

@@ -17,8 +17,10 @@ from litestar.handlers import HTTPRouteHandler
 
 from .admin.keys import admin_router
 from .compliance.audit_api import compliance_router
+from .console import console_router
 from .http import health
 from .http.openapi import Operation, openapi_document
+from .ollama import schema as ollama_docs
 from .ollama.chat import chat as ollama_chat
 from .ollama.embed import embed as ollama_embed
 from .ollama.embed import embeddings as ollama_embeddings
@@ -38,7 +40,15 @@ from .openai.responses import (
     list_input_items,
 )
 
-__all__ = ["ROUTES", "Route", "document", "openapi_route", "paths", "public_paths"]
+__all__ = [
+    "ROUTES",
+    "Route",
+    "document",
+    "openapi_route",
+    "paths",
+    "public_paths",
+    "session_prefixes",
+]
 
 _PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
 
@@ -50,6 +60,9 @@ class Route:
     handler: HTTPRouteHandler | Router
     operation: Operation | None = None  # None: not in the OpenAPI document
     public: bool = False  # served without a credential
+    # a router that authenticates its own requests (the console's session cookie): the bearer
+    # middleware leaves every path under it alone
+    session: bool = False
 
     def paths(self) -> list[str]:
         """The paths as clients see them: `{name}` for a path parameter."""
@@ -90,21 +103,22 @@ ROUTES: tuple[Route, ...] = (
     Route(delete_response),  # the document has no DELETE operations; 404 like the others
     Route(list_input_items, openai_docs.LIST_INPUT_ITEMS),
     Route(cancel_response, openai_docs.CANCEL_RESPONSE),
-    # Ollama's API (not in the OpenAPI document, which describes the OpenAI-compatible API)
-    Route(ollama_chat),
-    Route(ollama_generate),
-    Route(ollama_embed),
-    Route(ollama_embeddings),
-    Route(list_tags),
-    Route(list_running),
-    Route(show_model),
-    Route(version),
+    # Ollama's API (its model-management routes, always 403, are left out of the document)
+    Route(ollama_chat, ollama_docs.CHAT),
+    Route(ollama_generate, ollama_docs.GENERATE),
+    Route(ollama_embed, ollama_docs.EMBED),
+    Route(ollama_embeddings, ollama_docs.EMBEDDINGS),
+    Route(list_tags, ollama_docs.TAGS),
+    Route(list_running, ollama_docs.PS),
+    Route(show_model, ollama_docs.SHOW),
+    Route(version, ollama_docs.VERSION),
     *(Route(handler) for handler in OLLAMA_REFUSED),
     Route(health.health, health.HEALTH, public=True),
     Route(health.ready, health.READY, public=True),
     Route(health.metrics_route, health.METRICS),
     Route(admin_router),
     Route(compliance_router),
+    Route(console_router, session=True),
 )
 
 
@@ -115,3 +129,8 @@ def paths(routes: tuple[Route, ...]) -> Iterator[str]:
 
 def public_paths(routes: tuple[Route, ...]) -> frozenset[str]:
     return frozenset(path for r in routes if r.public for path in r.paths())
+
+
+def session_prefixes(routes: tuple[Route, ...]) -> frozenset[str]:
+    """The path prefixes of the routers that authenticate their own requests."""
+    return frozenset(r.handler.path for r in routes if r.session and isinstance(r.handler, Router))

@@ -5,11 +5,13 @@
 # `softhsm2` (softhsm2-util, and libsofthsm2.so through its `libsofthsm2` dependency).  The
 # replica e2e test (tests/e2e/test_replicas_haproxy.py) and the "replicas" benchmark put a real
 # load balancer in front of several gateways: Debian's `haproxy`.  OpenBao (`bao`) and moto's
-# server come from Python packages in the dev extra, not from here.
+# server come from Python packages in the dev extra, not from here.  The console's browser test
+# (tests/e2e/test_console_browser.py) drives Debian's `chromium` with Playwright (whose own
+# browser download cannot work offline).
 set -euo pipefail
 
 # program -> the Debian package that provides it
-declare -A packages=([softhsm2-util]=softhsm2 [haproxy]=haproxy)
+declare -A packages=([softhsm2-util]=softhsm2 [haproxy]=haproxy [chromium]=chromium)
 missing=()
 for program in "${!packages[@]}"; do
     command -v "$program" >/dev/null 2>&1 || missing+=("${packages[$program]}")

@@ -29,10 +29,11 @@ from bundles.kms.signer import Signer, VerifyKey, verify_keys_from_texts_or_file
 from ..audit import AuditCorrupt, AuditWriter
 from ..audit._head import Signing, read_head
 from ..audit._lease import ChainLease
+from ..audit.devices import DeviceKey, EnrolmentError, device_keys
 from ..audit.opening import check_opening
 from ..audit.reconcile import interrupted, orphans
 from ..audit.witness import Witness, open_witnesses
-from ..config import Settings
+from ..config import ConfigError, Settings
 from ..db import create_db_engine, database_url
 from ..db.migrate import ensure_schema
 from .audit_signer import open_audit_signer
@@ -50,8 +51,10 @@ __all__ = [
 
 
 def trusted_audit_keys(settings: Settings, extra: Sequence[str] = ()) -> list[VerifyKey]:
-    """The pinned keys: `[audit] trusted_keys` and `extra` (the command line's)."""
-    return verify_keys_from_texts_or_files([*settings.audit.trusted_keys, *extra])
+    """The pinned keys: `[audit] trusted_keys` and `extra` (the command line's), and each
+    enrolled device's key bound to its own chain (`[audit] devices`; `audit.devices`)."""
+    pinned = verify_keys_from_texts_or_files([*settings.audit.trusted_keys, *extra])
+    return [*pinned, *device_keys(settings.audit.devices)]
 
 
 def audit_log_id(settings: Settings, keys: KeyStore) -> str:
@@ -90,7 +93,10 @@ def _mark_genesis(settings: Settings, log_id: str) -> None:
 
 
 def _check_pinned(settings: Settings, signer: Signer) -> None:
-    trusted = trusted_audit_keys(settings)
+    try:
+        trusted = [k for k in trusted_audit_keys(settings) if not isinstance(k, DeviceKey)]
+    except EnrolmentError as exc:  # checked here, before `serve` starts
+        raise ConfigError(str(exc)) from None
     if trusted and signer.verify_key not in trusted:
         raise AuditCorrupt(
             f"the audit signer's key {signer.verify_key.key_id} is not among [audit] "

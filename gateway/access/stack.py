@@ -2,6 +2,7 @@
 
     Security
     ├── Authenticator   API keys (KeyStore), JWT (offline JWKS), mTLS subjects -> Principal
+    │                   (+ LocalTrust: keyless loopback peers of this OS user, if enabled)
     ├── PolicyHolder    the current PolicySet; reloads on SIGHUP, keeps the old one if broken
     ├── Limiter         GCRA in Redis (fail-open to local, or 503) or in process
     └── AuditWriter     the hash-chained audit log (SQLite in the data dir, or PostgreSQL)
@@ -31,7 +32,7 @@ from ..db import create_db_engine, database_url
 from ..db.migrate import ensure_schema
 from ..errors import ServiceUnavailable
 from . import audit_log
-from .auth import JwtVerifier, KeyStore, Principal, SubjectMap
+from .auth import JwtVerifier, KeyStore, LocalTrust, Principal, SubjectMap
 from .limits import FailoverLimiter, Limiter, LocalLimiter, RedisLimiter
 from .limits.resp import PipelinedRedis
 from .secrets import load_pepper
@@ -87,6 +88,7 @@ class Security:
     closers: list[Any] = field(default_factory=list)
     # admitted requests whose end has not run yet (`pipeline.completion.Admitted`)
     open_requests: set[Any] = field(default_factory=set)
+    local_trust: LocalTrust | None = None  # `[auth] local_trust`
 
     def cache_salt(self, principal: Principal) -> str:
         """The prefix-cache salt of the caller's tenant (its team, else its key): engines share
@@ -172,6 +174,7 @@ async def open_security(settings: Settings) -> AsyncIterator[Security]:
                 limiter,
                 writer,
                 trusted,
+                local_trust=LocalTrust.for_this_process() if settings.auth.local_trust else None,
             )
             try:
                 yield security

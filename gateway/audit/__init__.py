@@ -2,10 +2,13 @@
 
 `AuditWriter` appends (one task, group commit, durable before `append` returns); `search`/`get`
 read; `export` streams JSONL, CSV or OCSF; `verify` checks the chain and the checkpoints against
-trusted public keys.  Tables in `schema.py`, created only by the Alembic migrations.
+trusted public keys.  Tables in `schema.py`, created only by the Alembic migrations.  A laptop's
+chain travels home as signed segments (`segment.py`, `segment_store.py`), checked at HQ against
+the device's enrolled key, which vouches for that chain only (`devices.py`).
 """
 
 from .checkpoint import Checkpoint
+from .devices import DeviceKey, Enrolment, EnrolmentError, chain_keys, device_keys
 from .errors import (
     AuditChainBusy,
     AuditCorrupt,
@@ -28,6 +31,8 @@ from .event import (
 )
 from .export import Format, export, export_csv, export_jsonl, export_ocsf
 from .query import AuditFilter, get, search
+from .segment import CheckedSegment, Segment, SegmentRefused, check_segment
+from .segment_store import SegmentSourceError, import_segment, read_segment
 from .verify import LogReport, Problem, VerifyReport, verify, verify_log
 from .writer import AuditWriter, WriterStats
 
@@ -44,7 +49,11 @@ __all__ = [
     "AuditRejected",
     "AuditUnavailable",
     "AuditWriter",
+    "CheckedSegment",
     "Checkpoint",
+    "DeviceKey",
+    "Enrolment",
+    "EnrolmentError",
     "EventKind",
     "Format",
     "InvalidAuditEvent",
@@ -53,14 +62,22 @@ __all__ = [
     "LogReport",
     "Outcome",
     "Problem",
+    "Segment",
+    "SegmentRefused",
+    "SegmentSourceError",
     "VerifyReport",
     "WriterStats",
+    "chain_keys",
+    "check_segment",
+    "device_keys",
     "export",
     "export_csv",
     "export_jsonl",
     "export_ocsf",
     "get",
+    "import_segment",
     "new_event_id",
+    "read_segment",
     "search",
     "verify",
     "verify_log",

@@ -6,7 +6,8 @@
 `body` is the canonical JSON of the event (`encode_event`), last so the encoding needs no
 length prefix; the first row's `prev_hash` is 32 zero bytes.  Stored hashes are lowercase hex.
 
-The columns the compliance filters use (kind, key id, team, model, outcome, HTTP status, ts) are
+The columns the compliance filters use (kind, key id, team, model, deployment, outcome, HTTP
+status, ts) are
 copies of values inside the body, so the chain covers them through the body; `verify` checks that
 each copy still equals the body, otherwise an edited `key_id` column could hide a row from a
 search without touching any hash.
@@ -50,6 +51,7 @@ def columns(event: AuditEvent) -> dict[str, Any]:
         "model": event.model,
         "outcome": event.outcome,
         "http_status": event.http_status,
+        "deployment": event.deployment,
     }
 
 

@@ -58,6 +58,7 @@ EventKind = Literal[
     "audit.access",
     "bundle.loaded",
     "audit.epoch",
+    "egress.denied",
 ]
 KINDS: tuple[EventKind, ...] = EventKind.__args__  # type: ignore[attr-defined]
 Outcome = Literal["success", "failure", "denied", "cancelled"]

@@ -176,7 +176,7 @@ def _activity(rec: AuditRecord) -> int:
         return 2
     if kind == "admin.action":
         return _ADMIN_OPS.get(str(rec.event.detail.get("op", "")), 99)
-    if kind == "bundle.loaded":
+    if kind in ("bundle.loaded", "egress.denied"):
         return 99
     return 1  # inference, and the policy, limit and auth refusals of an inference request
 

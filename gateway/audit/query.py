@@ -37,6 +37,7 @@ __all__ = [
     "position",
     "record",
     "rows",
+    "rows_query",
     "search",
 ]
 
@@ -60,6 +61,7 @@ class AuditFilter(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     kind: EventKind | None = None
     outcome: Outcome | None = None
+    deployment: str | None = None
 
     def apply(self, query: Select[Any]) -> Select[Any]:
         c = audit_events.c
@@ -69,6 +71,7 @@ class AuditFilter(msgspec.Struct, frozen=True, kw_only=True):
             ("model", c.model),
             ("kind", c.kind),
             ("outcome", c.outcome),
+            ("deployment", c.deployment),
         ):
             value = getattr(self, name)
             if value is not None:
@@ -142,19 +145,25 @@ _COLUMNS = (
 )
 
 
+def rows_query(flt: AuditFilter, *, after: Position = START, limit: int = 100) -> Select[Any]:
+    """The SELECT of `rows` (what the benchmark and the plan tests EXPLAIN)."""
+    c = audit_events.c
+    order = (c.ts_us, c.log_id, c.seq)
+    query = flt.apply(select(*_COLUMNS))
+    if after != START:
+        # PostgreSQL also bounds a filter's (column, ts_us) index scan with this row
+        # comparison (as `ts_us >=`): a deep page does not read the rows before the cursor.
+        query = query.where(tuple_(*order) > tuple_(*after))
+    return query.order_by(*order).limit(limit)
+
+
 async def rows(
     engine: AsyncEngine, flt: AuditFilter, *, after: Position = START, limit: int = 100
 ) -> list[Row[Any]]:
     """Up to `limit` stored rows (ts_us, log_id, seq, body, prev_hash, row_hash) after `after`
     that match `flt`, in the merged order."""
-    c = audit_events.c
-    order = (c.ts_us, c.log_id, c.seq)
-    query = flt.apply(select(*_COLUMNS))
-    if after != START:
-        query = query.where(tuple_(*order) > tuple_(*after))
-    query = query.order_by(*order).limit(limit)
     async with engine.connect() as conn:
-        return list((await conn.execute(query)).all())
+        return list((await conn.execute(rows_query(flt, after=after, limit=limit))).all())
 
 
 async def page(
@@ -174,13 +183,21 @@ async def search(
     model: str | None = None,
     kind: EventKind | None = None,
     outcome: Outcome | None = None,
+    deployment: str | None = None,
     cursor: str | None = None,
     limit: int = 100,
 ) -> tuple[list[AuditRecord], str | None]:
     """One page of matching records and the cursor of the next page (None: no more).
     `limit` is clamped to 1..MAX_PAGE."""
     flt = AuditFilter(
-        start=start, end=end, key_id=key_id, team=team, model=model, kind=kind, outcome=outcome
+        start=start,
+        end=end,
+        key_id=key_id,
+        team=team,
+        model=model,
+        kind=kind,
+        outcome=outcome,
+        deployment=deployment,
     )
     limit = max(1, min(limit, MAX_PAGE))
     after = decode_cursor(cursor) if cursor is not None else START

@@ -1,5 +1,5 @@
 """The audit tables, on the shared `gateway.db.metadata` (Alembic revisions `20261129_01_audit`,
-`20261202_01_tamper` and `20261203_01_chains`).
+`20261202_01_tamper`, `20261203_01_chains` and `20261204_01_deployment`).
 
 The log is a set of chains, one per writer (`log_id`: each replica appends to its own, so
 replicas never contend for a sequence number).  `audit_events` holds every chain's rows: `seq`
@@ -39,6 +39,7 @@ audit_events = Table(
     Column("model", String(128)),
     Column("outcome", String(16), nullable=False),
     Column("http_status", SmallInteger),
+    Column("deployment", String(128)),
     Column("body", Text, nullable=False),
     Column("prev_hash", String(64), nullable=False),
     Column("row_hash", String(64), nullable=False),
@@ -49,6 +50,8 @@ audit_events = Table(
     Index(None, "model", "ts_us"),
     Index(None, "kind", "ts_us"),
     Index(None, "outcome", "ts_us"),
+    Index(None, "deployment", "ts_us"),
+    Index(None, "kind", "outcome", "ts_us"),  # the console's two lists, chosen together
 )
 
 audit_checkpoints = Table(

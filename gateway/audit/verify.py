@@ -8,7 +8,9 @@ then the checkpoints, then the rows up to that seq: rows and their checkpoint co
 so every row it reads is covered by a checkpoint it has read.
 
 Trust comes only from `trusted_keys` (pinned in configuration or named on the command line),
-never from a key stored next to the data; the report lists the key ids it trusted.
+never from a key stored next to the data; the report lists the key ids it trusted.  An enrolled
+device's key (`devices.DeviceKey`) vouches only for that device's chain, which no other key
+does (`devices.chain_keys`); the chain's report names the device.
 
 What each finding proves (`first_bad_seq` is the lowest seq any finding points at; 0 is the log
 as a whole):
@@ -31,11 +33,13 @@ as a whole):
 Findings about the whole log (seq 0) are named as `first_bad_seq` only when no row is.
 With `first_seq`/`last_seq` only the chain in that range and the checkpoint signatures are
 checked (`tree_checked` is false): tree heads and witnesses need every row from seq 1.
+`progress(chain, rows_done, rows_total)`, if given, is called as each chain starts and after
+every page of `_PAGE` rows (a million rows take about a minute: the console shows it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -46,6 +50,7 @@ from bundles.kms.signer import VerifyKey
 
 from .chain import GENESIS, columns, row_hash
 from .checkpoint import Checkpoint, check_signature, checkpoint_from_row, checkpoint_hash
+from .devices import chain_keys
 from .errors import InvalidQuery
 from .event import decode_event
 from .merkle import CompactTree
@@ -63,11 +68,13 @@ from .verify_report import (
 from .witness import latest_of
 
 _PAGE = 2000
+Progress = Callable[[str, int, int], None]  # (chain, rows done, rows to check)
 
 __all__ = [
     "EpochLoss",
     "LogReport",
     "Problem",
+    "Progress",
     "Reason",
     "VerifyReport",
     "WitnessReport",
@@ -109,7 +116,9 @@ class _Findings:
             self.first_bad = found
 
 
-_COLUMN_NAMES = ("event_id", "ts_us", "kind", "key_id", "team", "model", "outcome", "http_status")
+_COLUMN_NAMES = (
+    "event_id", "ts_us", "kind", "key_id", "team", "model", "outcome", "http_status", "deployment",
+)  # fmt: skip
 
 
 class _Rows:
@@ -265,6 +274,7 @@ async def verify_log(
     chain: str | None = None,
     first_seq: int | None = None,
     last_seq: int | None = None,
+    progress: Progress | None = None,
 ) -> LogReport:
     """Every chain of the log (or only `chain`), each verified on its own (`verify`)."""
     keys = list(trusted_keys)
@@ -277,6 +287,7 @@ async def verify_log(
             witnesses=witnesses,
             first_seq=first_seq,
             last_seq=last_seq,
+            progress=progress,
         )
         for name in names
     ]
@@ -296,6 +307,7 @@ async def verify(
     witnesses: Sequence[tuple[str, list[Checkpoint]]] = (),
     first_seq: int | None = None,
     last_seq: int | None = None,
+    progress: Progress | None = None,
 ) -> VerifyReport:
     """Check chain `log_id` (None: the log's only chain) or its rows `first_seq..last_seq`
     against pinned keys and the checkpoints each witness kept (name, checkpoints)."""
@@ -304,7 +316,8 @@ async def verify(
         if len(found_chains) > 1:
             raise InvalidQuery("the log has several chains: name the one to verify")
         log_id = found_chains[0] if found_chains else ""
-    trusted = {k.key_id: k for k in trusted_keys}
+    bound, device = chain_keys(trusted_keys, log_id)
+    trusted = {k.key_id: k for k in bound}
     found = _Findings()
     if not trusted:
         found.add(0, "no_trusted_key")
@@ -331,8 +344,10 @@ async def verify(
             prev = prev_row.scalar()
         sizes = {cp.size for cp in checkpoints} | {c.size for _, kept in witnesses for c in kept}
         rows = _Rows(found, first, prev, sizes)
+        if progress is not None:
+            progress(log_id, 0, max(0, last - first + 1))
         if first <= last:
-            await _read(conn, log_id, first, last, rows)
+            await _read(conn, log_id, first, last, rows, progress)
             if rows.expected <= last:
                 rows.gap(rows.expected, last)
     if not checkpoints:
@@ -370,10 +385,13 @@ async def verify(
         epoch_losses=losses,
         chain_only_from=last - unsigned + 1 if unsigned else None,
         chain_only_rows=unsigned,
+        device=device,
     )
 
 
-async def _read(conn: AsyncConnection, log_id: str, first: int, last: int, rows: _Rows) -> None:
+async def _read(
+    conn: AsyncConnection, log_id: str, first: int, last: int, rows: _Rows, tick: Progress | None
+) -> None:
     after = first - 1
     ev = audit_events.c
     while after < last:
@@ -389,3 +407,5 @@ async def _read(conn: AsyncConnection, log_id: str, first: int, last: int, rows:
         for row in page:
             rows.row(row)
         after = int(page[-1].seq)
+        if tick is not None:
+            tick(log_id, after - first + 1, last - first + 1)

@@ -96,6 +96,7 @@ class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
     epoch_losses: list[EpochLoss]
     chain_only_from: int | None  # first row after the last checkpoint (always a problem)
     chain_only_rows: int
+    device: str | None = None  # the enrolled device whose chain this is (None: HQ's own)
 
 
 class LogReport(msgspec.Struct, frozen=True, kw_only=True):

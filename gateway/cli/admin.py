@@ -31,6 +31,7 @@ from ..config import ConfigError, Settings
 from ..db import create_db_engine, database_url
 from ..db.migrate import current_revision, head_revision, offline_sql, upgrade
 from .common import ConfigOpt, DataDirOpt, err, fail, load_cli_settings, out
+from .segment_export import export_segment
 
 __all__ = ["audit_app", "db_app", "keys_app", "os_user", "policy_app"]
 
@@ -338,11 +339,25 @@ def audit_export(
     model: ModelOpt = None,
     kind: KindOpt = None,
     outcome: OutcomeOpt = None,
+    segment: Annotated[
+        Path | None,
+        typer.Option(help="Write this laptop's next signed segment here, for `audit import`."),
+    ] = None,
+    from_seq: Annotated[
+        int | None, typer.Option(help="With --segment: start here, not after the last export.")
+    ] = None,
     database: DatabaseOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Export events (CSV is spreadsheet-formula safe; OCSF is API Activity, class 6003)."""
+    """Export events (CSV is spreadsheet-formula safe; OCSF is API Activity, class 6003), or
+    with --segment this laptop's chain since the last export (see `audit import`)."""
+    if from_seq is not None and segment is None:
+        raise fail("--from-seq goes with --segment", 2)
+    if segment is not None:
+        settings = load_cli_settings(config, data_dir)
+        export_segment(settings, _url(settings, database), segment, from_seq)
+        return
     if format not in ("jsonl", "csv", "ocsf"):
         raise fail("--format must be jsonl, csv or ocsf", 2)
     fmt: Literal["jsonl", "csv", "ocsf"] = format  # type: ignore[assignment]

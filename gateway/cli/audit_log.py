@@ -22,6 +22,7 @@ import httpx
 import msgspec
 import typer
 
+from bundles import SigningKeyError
 from bundles.kms.signer import parse_verify_key
 
 from .. import env
@@ -82,7 +83,7 @@ def audit_verify(
     settings = load_cli_settings(config, data_dir)
     try:
         keys = trusted_audit_keys(settings, trusted_key or [])
-    except ValueError as exc:
+    except (ValueError, SigningKeyError) as exc:  # a key that is not one: its text, not ours
         raise fail(str(exc), 2) from None
     if not keys:
         raise fail(

@@ -18,7 +18,7 @@ out = Console()
 err = Console(stderr=True)
 
 ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="airgate.toml (database, [kms.*], policy).")
+    Path | None, typer.Option("--config", "-c", help="airgate.toml (database, KMS, policy).")
 ]
 DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Data directory.")]
 

@@ -19,7 +19,6 @@ import httpx
 
 __all__ = ["Client", "ClientError", "NotRunning", "ServerError"]
 
-DEFAULT_HOST = "http://127.0.0.1:8000"
 # connecting is local and quick; a reply may wait for a free slot or a long prefill
 _TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 

@@ -2,7 +2,8 @@
 call is itself audited (`audit.access`).  A team-scoped auditor reads only its own team's
 events (`_audit_teams` says how).
 
-    GET /audit/events             filters: start, end, key_id, team, model, kind, outcome;
+    GET /audit/events             filters: start, end, key_id, team, model, kind, outcome,
+                                  deployment;
                                   cursor pagination (`next_cursor`)
     GET /audit/events/{event_id}
     GET /audit/export?format=jsonl|csv|ocsf   (streamed; the same filters)
@@ -108,6 +109,7 @@ async def _audit_filter(
     model: FromQuery[str | None] = None,
     kind: FromQuery[EventKind | None] = None,
     outcome: FromQuery[Outcome | None] = None,
+    deployment: FromQuery[str | None] = None,
 ) -> AuditFilter:
     """The filters search and export share, from the query string, confined to the caller's
     team for a team-scoped auditor."""
@@ -119,7 +121,14 @@ async def _audit_filter(
                 request, security, principal, "this auditor may read only its own team's events"
             )
     return AuditFilter(
-        start=start, end=end, key_id=key_id, team=team, model=model, kind=kind, outcome=outcome
+        start=start,
+        end=end,
+        key_id=key_id,
+        team=team,
+        model=model,
+        kind=kind,
+        outcome=outcome,
+        deployment=deployment,
     )
 
 

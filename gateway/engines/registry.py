@@ -41,6 +41,7 @@ class Deployment:
         "max_queue",
         "model_id",
         "name",
+        "size",
         "source",
         "weight",
     )
@@ -67,6 +68,7 @@ class Deployment:
         self.model_id = ""  # set by ServedModel
         # (bundle id, manifest SHA-256, signer key id) once loaded from a bundle
         self.bundle: tuple[str, str, str] | None = None
+        self.size: int | None = None  # the weights' bytes (from the bundle's manifest)
 
 
 class ServedModel:

@@ -26,6 +26,7 @@ from bundles import BundlePolicyError, Manifest, TrustedKeys, check_bundle
 
 from ..config import ConfigError, ModelSettings, Settings, VllmSettings
 from .breaker import CircuitBreaker
+from .imported import load_imported
 from .key_providers import KeyProviders
 from .registry import Deployment, ModelRegistry, ServedModel
 from .sources import (
@@ -233,7 +234,8 @@ def _engine(
 
 
 def build_registry(settings: Settings, *, allow_plaintext: bool = False) -> ModelRegistry:
-    """Engines for every configured model (none loaded yet); the default when none is.
+    """Engines for every configured model (none loaded yet); the default when none is; and
+    every imported bundle (`airgate bundle import`).
 
     Each deployment gets its circuit breaker here, from the `[routing]` settings.
 
@@ -259,8 +261,13 @@ def build_registry(settings: Settings, *, allow_plaintext: bool = False) -> Mode
     routing = settings.routing
     deployments: dict[str, list[Deployment]] = {}
     aliases: dict[str, list[str]] = {}
-    for m in models:
-        engine, source = _engine(settings, m, trusted, providers, allow_plaintext)
+    built = [(m, *_engine(settings, m, trusted, providers, allow_plaintext)) for m in models]
+    # imported bundles (`airgate bundle import`), after the configured models or the defaults:
+    # verified against the pinned keys only; an id that is served already stops the start
+    taken = {name for m in models for name in (m.id, m.deployment, *m.aliases)}
+    for m, imported, manifest in load_imported(settings, providers, taken, datetime.now(UTC)):
+        built.append((m, _new_engine(settings, m, imported, manifest), imported))
+    for m, engine, source in built:
         deployment = Deployment(
             m.deployment,
             engine,
@@ -287,6 +294,7 @@ async def start_engines(registry: ModelRegistry) -> None:
     for d in registry.deployments:
         if isinstance(d.source, BundleSource):
             d.bundle = d.source.loaded
+            d.size = d.source.size
     registry.ready = True
     _log.info("ready: serving %s", ", ".join(registry.names()))
 

@@ -27,6 +27,7 @@ from bundles import (
     OpenedModel,
     SourceFile,
     TrustedKeys,
+    VerifiedRenewal,
     create_signing_key,
     init_key_file,
     load_signing_key,
@@ -92,6 +93,8 @@ class BundleSource:
         self._allowed = None if allowed_providers is None else set(allowed_providers)
         self._opened: OpenedModel | None = None
         self.loaded: tuple[str, str, str] | None = None  # bundle id, digest, signer
+        self.size: int | None = None  # the weights' plaintext bytes, once loaded
+        self.renewal: VerifiedRenewal | None = None  # an imported bundle's, checked at start
 
     def open(self) -> str:
         try:
@@ -102,6 +105,7 @@ class BundleSource:
                 now=datetime.now(UTC),
                 engine=self._engine,
                 allowed_providers=self._allowed,
+                renewal=self.renewal,
             )
         except BundleIntegrityError as exc:
             # the operator needs to know which check failed; the exception text stays generic
@@ -112,6 +116,7 @@ class BundleSource:
             self._opened.digest,
             self._opened.signer,
         )
+        self.size = sum(f.plaintext_size for f in self._opened.manifest.files)
         return self._opened.path
 
     def release(self) -> None:

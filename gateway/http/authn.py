@@ -7,6 +7,13 @@ client address, never the credential) and answered 401 with one fixed message.  
 is handed to the handler in the ASGI scope (the one channel from a middleware to a handler);
 handlers read it once (`caller`) and pass it on explicitly.
 
+With `[auth] local_trust`, a request without any credential from a loopback peer is judged
+first by `access.auth.local_trust` (the peer socket's owner must be this server's OS user); one
+it refuses needs a key like any other (401, audited with the refusal's reason).
+
+A router that authenticates its own requests (the compliance console: a session cookie, not a
+bearer) is passed as a path prefix in `sessions`; every path under it goes through untouched.
+
 Floods are stopped first: an address that has spent its budget of failures (`flood.py`) is
 answered 429 before its credential is looked at, unless that credential has worked here
 recently; failures and those 429s are audited in aggregate (`failure_audit.py`).
@@ -78,10 +85,12 @@ class AuthMiddleware:
         public: frozenset[str],
         guard: FloodGuard,
         failures: FailureAudit,
+        sessions: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
         self.holder = holder
         self.public = public  # the route table's public paths
+        self.sessions = tuple(sessions)  # prefixes of routers with their own authentication
         self.guard = guard
         self.failures = failures
         self.clock = failures.clock  # one clock for budgets and windows (monotonic seconds)
@@ -92,6 +101,8 @@ class AuthMiddleware:
 
     def _public(self, path: str) -> bool:
         if path in self.public:
+            return True
+        if any(path == p or path.startswith(p + "/") for p in self.sessions):
             return True
         return path == "/metrics" and self.security.settings.auth.public_metrics
 
@@ -106,6 +117,20 @@ class AuthMiddleware:
                 break
         cert = None if authorization else client_cert_pem(scope)  # a bearer comes first
         credential = authorization or (cert.encode() if cert else b"")
+        local = self.security.local_trust
+        refused: AuthenticationFailed | None = None
+        # a credential (even an empty Authorization header) is always checked as given
+        if local is not None and authorization is None and cert is None:
+            try:
+                trusted = local.authenticate(
+                    scope.get("client"), scope.get("server"), scope.get("headers", ())
+                )
+            except AuthenticationFailed as exc:  # a loopback peer of another user: key needed
+                refused = exc
+            else:
+                if trusted is not None:
+                    await self._admit(scope, receive, send, trusted)
+                    return
         address = client_address(scope)
         now = self.clock()
         wait = self.guard.retry_after(address, now)
@@ -117,6 +142,8 @@ class AuthMiddleware:
             await self._refuse(scope, send, address, FLOODED, limited)
             return
         try:
+            if refused is not None:
+                raise refused
             principal = await authenticate(self.security, authorization, cert)
         except (AuthenticationFailed, AuthFailed) as exc:
             reason = getattr(exc, "reason", None) or type(exc).__name__
@@ -130,8 +157,12 @@ class AuthMiddleware:
             await send_error(scope, send, ServiceUnavailable("the key store is unavailable"))
             return
         self.guard.remember(credential, now)
-        state = scope["state"]
-        state["principal"] = principal
+        await self._admit(scope, receive, send, principal)
+
+    async def _admit(
+        self, scope: Scope, receive: Receive, send: Send, principal: Principal
+    ) -> None:
+        scope["state"]["principal"] = principal
         _record(scope).key_id = principal.key_id
         await self.app(scope, receive, send)
 

@@ -3,12 +3,13 @@
 Handlers decode raw bodies themselves (exact OpenAI errors, one decode pass), so the document is
 not inferred by Litestar: each route of the table carries its `Operation`, whose request and
 response schemas come straight from the wire Structs, and which lists the error envelope it can
-answer with.  Routes without an operation (admin, audit) are not in the document.
+answer with (OpenAI's envelope, or Ollama's `{"error": ...}` on Ollama's routes).  Routes
+without an operation (admin, audit) are not in the document.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -44,21 +45,24 @@ class Operation:
     response: type[msgspec.Struct] | None = None  # the JSON answer (200)
     response_media: str | None = None  # a non-JSON answer ("text/plain")
     described: str = "OK"  # the 200 answer's description
-    streams: bool = False  # also answers with an SSE stream (stream=true)
+    streams: bool = False  # also answers with a stream (stream=true; Ollama: by default)
+    stream_media: str = "text/event-stream"  # Ollama's: "application/x-ndjson"
+    error: type[msgspec.Struct] = ErrorEnvelope  # the error body's shape
     path_params: tuple[str, ...] = ()
     public: bool = False  # needs no credential
     types: tuple[type[msgspec.Struct], ...] = field(default=())
 
-    def item(self) -> dict[str, Any]:
+    def item(self, ref: Mapping[type[msgspec.Struct], str]) -> dict[str, Any]:
+        """The path item; `ref` names each type's schema in the components."""
         content: dict[str, Any] = {}
         if self.response is not None:
-            content.update(_json(self.response.__name__))
+            content.update(_json(ref[self.response]))
         elif self.response_media is not None:
             content[self.response_media] = {"schema": {"type": "string"}}
         else:
             content.update(_STATUS)
         if self.streams:
-            content["text/event-stream"] = {"schema": {"type": "string"}}
+            content[self.stream_media] = {"schema": {"type": "string"}}
         op: dict[str, Any] = {"summary": self.summary}
         if self.public:
             op["security"] = []
@@ -68,33 +72,39 @@ class Operation:
                 for name in self.path_params
             ]
         if self.request is not None:
-            op["requestBody"] = {"required": True, "content": _json(self.request.__name__)}
+            op["requestBody"] = {"required": True, "content": _json(ref[self.request])}
         # a route that takes a credential can answer 429 before reading it (an address over
         # its failed-authentication budget)
         codes = sorted({*self.errors, *(() if self.public else ("429",))})
         op["responses"] = {
             "200": {"description": self.described, "content": content},
-            **{c: {"description": _ERRORS[c], "content": _json("ErrorEnvelope")} for c in codes},
+            **{c: {"description": _ERRORS[c], "content": _json(ref[self.error])} for c in codes},
         }
         return {self.method: op}
 
 
 def _json(ref: str) -> dict[str, Any]:
-    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}
+    return {"application/json": {"schema": {"$ref": ref}}}
 
 
 def openapi_document(version: str, paths: Iterable[tuple[str, Operation]]) -> dict[str, Any]:
-    """The document for `(path, operation)` pairs (in the route table's order)."""
-    items: dict[str, Any] = {}
+    """The document for `(path, operation)` pairs (in the route table's order).
+
+    Schemas are named by msgspec, which qualifies a name two types share (OpenAI's and Ollama's
+    `ModelList`) with its module; each operation refers to the name its type got."""
+    pairs = list(paths)
     types: list[type[msgspec.Struct]] = []
-    for path, op in paths:
-        items.setdefault(path, {}).update(op.item())
-        for t in (op.request, op.response):
+    for _, op in pairs:
+        for t in (op.request, op.response, op.error):
             if t is not None and t not in types:
                 types.append(t)
-    _, components = msgspec.json.schema_components(
-        (*types, ErrorEnvelope), ref_template="#/components/schemas/{name}"
+    refs, components = msgspec.json.schema_components(
+        types, ref_template="#/components/schemas/{name}"
     )
+    ref = {t: r["$ref"] for t, r in zip(types, refs, strict=True)}
+    items: dict[str, Any] = {}
+    for path, op in pairs:
+        items.setdefault(path, {}).update(op.item(ref))
     return {
         "openapi": "3.1.0",
         "info": {"title": "airgate", "version": version},

@@ -32,7 +32,7 @@ __all__ = ["MAX_INPUTS", "embed", "embeddings"]
 
 MAX_INPUTS = 2048  # inputs per request, as /v1/embeddings allows
 _embed = msgspec.json.Decoder(t.EmbedRequest)
-_legacy = msgspec.json.Decoder(t.EmbeddingsRequest)
+_legacy = msgspec.json.Decoder(t.LegacyEmbeddingsRequest)
 _encode = msgspec.json.Encoder().encode
 _NO_GENERATION = Generation()
 

@@ -2,12 +2,13 @@
 models, in Ollama's shapes.
 
 Filled from the registry only: names (ids and aliases), when the model was loaded, the signed
-bundle's manifest digest when it came from one, the weights' format (from the engine: GGUF for
-llama.cpp, safetensors for vLLM), the context length, the task.  What Ollama shows and airgate
-does not know (size on disk or in VRAM, parameter count, quantisation, family, Modelfile,
-template, license) is left out, never invented; `expires_at` is left out because models stay
-loaded for the server's life (`keep_alive` changes nothing).  A caller sees only the models its
-policy allows, as with /v1/models.
+bundle's manifest digest and the weights' size when it came from one, the weights' format (from
+the engine: GGUF for llama.cpp, safetensors for vLLM), the context length, the task, and
+`size_vram` 0 for llama.cpp (built for the CPU: no layer is offloaded).  What Ollama shows and
+airgate does not know (vLLM's share in GPU memory, parameter count, quantisation, family,
+Modelfile, template, license) is left out, never invented; `expires_at` is left out because
+models stay loaded for the server's life (`keep_alive` changes nothing).  A caller sees only the
+models its policy allows, as with /v1/models.
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ def _digest(model: ServedModel) -> str | None:
     return None if bundle is None else bundle[1]
 
 
+def _size(model: ServedModel) -> int | None:
+    return model.deployments[0].size
+
+
+def _size_vram(model: ServedModel) -> int | None:
+    engine = model.deployments[0].engine.name
+    return 0 if engine == "llama.cpp" and _size(model) is not None else None
+
+
 def _when(model: ServedModel) -> str:
     return datetime.fromtimestamp(model.created, UTC).isoformat().replace("+00:00", "Z")
 
@@ -75,12 +85,12 @@ async def list_tags(
 ) -> Response[Any]:
     """The models (ids and aliases) the caller's policy allows."""
     tagged = [
-        t.TaggedModel(name, name, _when(m), _details(m), _digest(m))
+        t.TaggedModel(name, name, _when(m), _details(m), _digest(m), _size(m))
         for m in models.models
         if _allowed(security, principal, m)
         for name in (m.id, *m.aliases)
     ]
-    return Response(_encode(t.ModelList(tagged)), media_type="application/json")
+    return Response(_encode(t.TagList(tagged)), media_type="application/json")
 
 
 @get("/api/ps")
@@ -91,7 +101,9 @@ async def list_running(
 ) -> Response[Any]:
     """The models loaded now: all of them once the engines are up, none before."""
     running = [
-        t.RunningModel(m.id, m.id, _details(m), m.context_length, _digest(m))
+        t.RunningModel(
+            m.id, m.id, _details(m), m.context_length, _digest(m), _size(m), _size_vram(m)
+        )
         for m in (models.models if models.ready else ())
         if _allowed(security, principal, m)
     ]

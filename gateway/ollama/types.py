@@ -23,14 +23,13 @@ __all__ = [
     "EmbedReply",
     "EmbedRequest",
     "EmbeddingReply",
-    "EmbeddingsRequest",
     "Format",
     "GenerateReply",
     "GenerateRequest",
     "KeepAlive",
+    "LegacyEmbeddingsRequest",
     "Line",
     "Message",
-    "ModelList",
     "OutFunction",
     "OutMessage",
     "OutToolCall",
@@ -38,6 +37,7 @@ __all__ = [
     "RunningModel",
     "ShowReply",
     "ShowRequest",
+    "TagList",
     "TaggedModel",
     "Think",
     "Tool",
@@ -56,14 +56,14 @@ class _Strict(Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
-class CalledFunction(_Strict):
+class OllamaCalledFunction(_Strict):
     name: str
     arguments: dict[str, Any] = {}
     index: int | None = None  # newer servers number the calls; accepted, not used
 
 
-class ToolCall(_Strict):
-    function: CalledFunction
+class OllamaToolCall(_Strict):
+    function: OllamaCalledFunction
     id: str | None = None  # accepted, not used (the conversation pairs calls by order)
 
 
@@ -71,19 +71,19 @@ class Message(_Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[str] | None = None  # refused unless empty: no model here sees images
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None  # a tool result's function: accepted, not used
     thinking: str | None = None  # an earlier turn's reasoning: accepted, not sent to the model
 
 
-class FunctionDefinition(_Strict):
+class OllamaFunctionDefinition(_Strict):
     name: Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
     description: str | None = None
     parameters: dict[str, Any] | None = None  # absent: no parameters
 
 
 class Tool(_Strict):
-    function: FunctionDefinition
+    function: OllamaFunctionDefinition
     type: Literal["function"] = "function"
 
 
@@ -127,7 +127,7 @@ class EmbedRequest(_Strict):
     dimensions: Annotated[int, Meta(ge=1)] | None = None
 
 
-class EmbeddingsRequest(_Strict):
+class LegacyEmbeddingsRequest(_Strict):
     """The legacy `/api/embeddings`: one prompt, one vector."""
 
     model: str
@@ -208,9 +208,10 @@ class TaggedModel(Struct, omit_defaults=True):
     modified_at: str
     details: Details
     digest: str | None = None  # the signed bundle's manifest SHA-256, when served from one
+    size: int | None = None  # the weights' bytes, from the bundle's manifest
 
 
-class ModelList(Struct):
+class TagList(Struct):
     models: list[TaggedModel]
 
 
@@ -220,6 +221,8 @@ class RunningModel(Struct, omit_defaults=True):
     details: Details
     context_length: int
     digest: str | None = None
+    size: int | None = None
+    size_vram: int | None = None  # 0: all on the CPU (llama.cpp); unknown for vLLM
 
 
 class RunningList(Struct):

@@ -23,10 +23,12 @@ from ..access.identity import audit_principal
 from ..access.limits import LimiterUnavailable, TokensExceedLimit
 from ..access.stack import Security
 from ..audit import AuditEvent, new_event_id
+from ..engines.imported import lapsed_at
 from ..engines.registry import ServedModel
 from ..errors import (
     GatewayError,
     InvalidRequest,
+    ModelExpired,
     PolicyDenied,
     RateLimited,
     RequestTooLarge,
@@ -108,6 +110,16 @@ async def admit(
             )
         await _deny(security, base, now, "policy.denied", error)
         raise error
+    if lapsed_at(model, now) is not None:  # an imported bundle past its end: not served
+        expired = ModelExpired(
+            "the model's bundle is past its offline window or expiry; the operator needs a "
+            "renewal from HQ (`airgate bundle renew`)",
+            param="model",
+        )
+        await _deny(
+            security, {**base, "decision": ModelExpired.code}, now, "policy.denied", expired
+        )
+        raise expired
     limits = decision.limits
     # every choice may generate up to its max_tokens (an embedding generates nothing); a prompt
     # token is rarely under 4 bytes.  The refund settles on the tokens actually used.

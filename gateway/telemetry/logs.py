@@ -1,4 +1,5 @@
-"""Logging set-up: one JSON object per line on stderr.
+"""Logging set-up: one JSON object per line on stderr, or short text lines for a person at a
+terminal (`text_logs.py`; `[server] log_format`: "auto" picks text when stderr is a TTY).
 
 Records carry our own structured `fields`; message arguments are rendered as given, so callers
 must pass metadata only (the canary tests scan this output).
@@ -7,11 +8,14 @@ must pass metadata only (the canary tests scan this output).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import Any
 
 import msgspec
+
+from .text_logs import TextFormatter
 
 __all__ = ["configure_logging"]
 
@@ -33,9 +37,15 @@ class JsonFormatter(logging.Formatter):
         return _encode(entry).decode()
 
 
-def configure_logging(level: str = "info") -> None:
+def configure_logging(level: str = "info", log_format: str = "json") -> None:
+    """Log to stderr at `level`, as JSON or text ("auto": text when stderr is a terminal)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    terminal = sys.stderr.isatty()
+    if log_format == "text" or (log_format == "auto" and terminal):
+        color = terminal and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+        handler.setFormatter(TextFormatter(color=color))
+    else:
+        handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

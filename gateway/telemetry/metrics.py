@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from ..engines.registry import ModelRegistry
@@ -76,6 +76,21 @@ class _GaugeCollector(Collector):
             yield GaugeMetricFamily(name, text, value=value)
 
 
+class _CounterCollector(Collector):
+    """`<name>_total{label=...}` read at scrape time from a callable: label value -> count."""
+
+    def __init__(
+        self, name: str, text: str, label: str, read: Callable[[], dict[str, float]]
+    ) -> None:
+        self._name, self._text, self._label, self._read = name, text, label, read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._text, labels=[self._label])
+        for value, count in self._read().items():
+            family.add_metric([value], count)
+        yield family
+
+
 class _InfoCollector(Collector):
     """`<name>_info{labels} 1`, the labels read at scrape time (None: no series)."""
 
@@ -92,6 +107,11 @@ class Metrics:
     def watch(self, read: Callable[[], dict[str, tuple[str, float]]]) -> None:
         """Export the gauges `read()` returns at every scrape (access stack state)."""
         self.registry.register(_GaugeCollector(read))
+
+    def count(self, name: str, text: str, label: str, read: Callable[[], dict[str, float]]) -> None:
+        """Export the counter `<name>_total`, one series per value of `label`, as `read()`
+        returns them at every scrape (counts kept elsewhere: the egress guard's refusals)."""
+        self.registry.register(_CounterCollector(name, text, label, read))
 
     def info(self, name: str, text: str, read: Callable[[], dict[str, str] | None]) -> None:
         """Export `<name>_info{labels} 1` with the labels `read()` returns at every scrape

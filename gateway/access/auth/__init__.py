@@ -1,6 +1,7 @@
 """Authentication building blocks: who is calling, from an API key, a JWT or a client
-certificate.  Each turns a credential into a `Principal` or raises an `AuthenticationFailed`
-subclass whose `reason` goes to the audit log (the HTTP answer is one generic 401).
+certificate (or, with `[auth] local_trust`, a keyless loopback peer's socket owner).  Each turns
+a credential into a `Principal` or raises an `AuthenticationFailed` subclass whose `reason`
+goes to the audit log (the HTTP answer is one generic 401).
 
 The HTTP wiring (which header, which order, the 401 rendering) lives with the app, not here.
 """
@@ -20,6 +21,7 @@ from .errors import (
     WrongSecret,
 )
 from .jwt import DEFAULT_ALGORITHMS, JwtVerifier
+from .local_trust import LOCAL_TEAM, LocalPeerRefused, LocalTrust, is_loopback_host
 from .mtls import SubjectMap, principal_from_client_cert, ssl_context
 from .pepper import (
     default_pepper_path,
@@ -34,6 +36,7 @@ __all__ = [
     "DEFAULT_ALGORITHMS",
     "GLOBAL_AUDITOR",
     "GRANTS",
+    "LOCAL_TEAM",
     "ROLES",
     "SCANNER_PATTERN",
     "ApiKeyRecord",
@@ -48,6 +51,8 @@ __all__ = [
     "KeyRevoked",
     "KeyStore",
     "KeyStoreUnavailable",
+    "LocalPeerRefused",
+    "LocalTrust",
     "MalformedKey",
     "Method",
     "Principal",
@@ -58,6 +63,7 @@ __all__ = [
     "audit_teams",
     "default_pepper_path",
     "generate_api_key",
+    "is_loopback_host",
     "load_or_create_pepper",
     "parse_api_key",
     "pepper_from_text",

@@ -36,12 +36,12 @@ __all__ = [
 
 Role = Literal["app", "auditor", "admin"]
 Grant = Literal["app", "auditor", "admin", "global_auditor"]  # what JWT and mTLS maps name
-Method = Literal["api_key", "jwt", "mtls"]
+Method = Literal["api_key", "jwt", "mtls", "local"]  # local: `[auth] local_trust`
 
 ROLES: Final[frozenset[str]] = frozenset({"app", "auditor", "admin"})
 GLOBAL_AUDITOR: Final = "global_auditor"
 GRANTS: Final[frozenset[str]] = ROLES | {GLOBAL_AUDITOR}
-METHODS: Final[frozenset[str]] = frozenset({"api_key", "jwt", "mtls"})
+METHODS: Final[frozenset[str]] = frozenset({"api_key", "jwt", "mtls", "local"})
 
 
 class Principal(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,1 @@
+"""The directory `install` puts first on PYTHONPATH: its `sitecustomize` guards Python children."""
