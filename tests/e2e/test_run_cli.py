@@ -4,8 +4,8 @@ the chat driven through a pseudo-terminal as a person types it (turns, history, 
 the failures (no server, no key, an unknown model), the model lists, and what stays behind:
 nothing in HOME (no history file), no prompt in the server's log or data directory.
 
-The echo engine answers " tok0 tok1 ..." (`num_predict` tokens; without it, up to the end of the
-context) and counts a chat's prompt as 1 + (characters of all its messages) // 4 tokens: the
+The echo engine answers " tok0 tok1 ..." (`num_predict` tokens, up to the end of the context;
+without it, 16) and counts a chat's prompt as 1 + (characters of all its messages) // 4 tokens: the
 count `/set verbose` shows proves which history was sent.
 """
 
@@ -53,7 +53,8 @@ id = "long"
 engine = "echo"
 context_length = 1048576
 """
-# no caps: "long" answers a million tokens, long enough to be stopped with Ctrl-C
+# no caps: with num_predict 1000000, "long" answers a million tokens, long enough to be stopped
+# with Ctrl-C (without num_predict the echo engine stops at 16: done before the signal lands)
 POLICY = """
 name = "run"
 
@@ -199,6 +200,7 @@ def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(echo_server: Server, tmp_pa
     try:
         term.expect(">>> ")
         assert "Set 'verbose' mode." in term.say("/set verbose")
+        assert "Set parameter" in term.say("/set parameter num_predict 1000000")
         os.write(term.fd, b"a million tokens, please\n")
         term.expect(" tok0")
         # the terminal's own Ctrl-C: SIGINT to the command (the pty is not its controlling tty)
