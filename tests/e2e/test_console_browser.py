@@ -2,7 +2,9 @@
 real `airgate serve` (echo engine, SQLite, a pinned checkpoint key).  A compliance officer
 signs in by keyboard, filters, opens an event, verifies the log, exports CSV, and signs out; an
 admin creates a key (copy button), revokes it, and sees a hostile key name render inert; after a
-row is tampered with in the database, verification shows the first bad sequence number.
+row is tampered with in the database, verification shows the first bad sequence number.  The
+usage page charts the requests made (server-rendered SVG) and the cost page prices the
+deployment from `[cost]`.
 
 A screenshot of each page is kept: under `$AIRGATE_TEST_ARTIFACTS/console` when that is set,
 else in the test's tmp directory.  Chromium comes from `scripts/test-services.sh` (Playwright's
@@ -43,6 +45,15 @@ trusted_keys = ["{pinned}"]
 [[models]]
 id = "echo"
 engine = "echo"
+
+# the issue's published example: $2,182 + $150 + $500 a month against $4.37 per 1M tokens
+[cost]
+api_price_per_million = 4.37
+
+[[cost.deployments]]
+deployment = "echo"
+hardware_per_month = 2182
+operations_per_month = 650
 """
 
 
@@ -254,6 +265,26 @@ def test_an_admin_creates_copies_and_revokes_a_key(
         page.wait_for_url("**/console/policies")
         assert "Version in force" in page.inner_text("main")
         page.screenshot(path=shots / "08-policies.png", full_page=True)
+        sign_out(page)
+
+
+def test_an_officer_reads_usage_and_cost(server: Server, browser: object, shots: Path) -> None:
+    with page_of(browser, server) as page:
+        sign_in(page, server.key("auditor"))
+        press(page, 'a[href="/console/usage"]')
+        page.wait_for_url("**/console/usage")
+        assert page.locator("figure.chart svg").count() >= 1  # drawn by the server, no script
+        cells = [c.split("\t") for c in page.inner_text("table.usage tbody").splitlines()]
+        echo = [row for row in cells if "echo" in row]
+        assert echo and sum(int(row[3]) for row in echo) >= 3  # the fixture's three chats
+        page.screenshot(path=shots / "10-usage.png", full_page=True)
+
+        press(page, 'a[href="/console/tco"]')
+        page.wait_for_url("**/console/tco")
+        row = page.inner_text("table.tco tbody tr").replace(",", "")
+        # V = (2182 + 650) / 0.00000437 = 648,054,920 tokens a month, whatever was measured
+        assert "echo" in row and "2832" in row and "648054920" in row
+        page.screenshot(path=shots / "11-tco.png", full_page=True)
         sign_out(page)
 
 
