@@ -115,8 +115,9 @@ def audit_verify(
     if not report.chains:
         raise fail("the audit log FAILED verification: it has no chain (nothing was signed)")
     for failed in (c for c in report.chains if not c.ok):
+        owner = f" (device {failed.device})" if failed.device else ""
         typer.echo(
-            f"chain {failed.log_id} FAILED verification at seq {failed.first_bad_seq} "
+            f"chain {failed.log_id}{owner} FAILED verification at seq {failed.first_bad_seq} "
             f"({failed.reason})",
             err=True,
         )

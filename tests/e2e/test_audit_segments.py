@@ -7,7 +7,8 @@ audit verify` passes and `airgate audit search` finds the requests the client ma
 forgery is refused with one line naming the problem, and leaves HQ's tables as they were: an
 edited byte, reordered rows, a gap, a replay, a fork (a copy of the laptop that went on with
 another history, with the same key), a device HQ never enrolled.  And a device key cannot
-vouch for a chain of HQ's own.
+vouch for a chain of HQ's own, and an edit at HQ of a device's chain fails verification naming
+the device.
 """
 
 from __future__ import annotations
@@ -321,3 +322,21 @@ def test_a_laptops_chain_travels_home_in_signed_segments(tmp_path: Path, hq_url:
     (bad,) = [c for c in chains.values() if not c["ok"]]
     assert bad["device"] is None and bad["reason"] == "checkpoint_untrusted_key"
     assert request["key_id"] not in bad["trusted_keys"]
+
+    # an insider at HQ edits a row of the device's chain: verify names the device
+    asyncio.run(edit_row(hq.url, chain, seq=2))
+    result = hq.cli("audit", "verify")
+    assert result.returncode == 1
+    assert f"chain {chain} (device laptop-7) FAILED verification at seq 2" in result.stderr
+
+
+async def edit_row(url: str, chain: str, seq: int) -> None:
+    """The attacker of the design: it writes the database (its triggers off)."""
+    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute("ALTER TABLE audit_events DISABLE TRIGGER USER")
+        await conn.execute(
+            "UPDATE audit_events SET body = body || ' ' WHERE log_id = $1 AND seq = $2", chain, seq
+        )
+    finally:
+        await conn.close()
