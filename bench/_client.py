@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import httpx
 import msgspec
@@ -32,10 +32,14 @@ __all__ = [
     "completion_body",
     "describe_error",
     "has_content",
+    "in_workers",
     "run_load",
     "synthetic_prompts",
     "wait_ready",
 ]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class BenchError(Exception):
@@ -186,13 +190,24 @@ async def run_load(
     concurrency: int,
 ) -> LoadResult:
     """Stream every body through ``concurrency`` workers; wall time covers the whole batch."""
-    pending: Iterator[Mapping[str, Any]] = iter(bodies)
-    results: list[RequestResult] = []
+    wall, results = await in_workers(
+        concurrency, bodies, lambda body: _stream_one(client, path, body)
+    )
+    return LoadResult(concurrency=concurrency, wall_s=wall, requests=tuple(results))
+
+
+async def in_workers(
+    concurrency: int, items: Sequence[T], one: Callable[[T], Awaitable[R]]
+) -> tuple[float, list[R]]:
+    """``one(item)`` for every item, ``concurrency`` at a time: the wall time of the whole and
+    the results in the items' order.  A LoadError stops the batch, naming how many failed."""
+    pending: Iterator[tuple[int, T]] = iter(enumerate(items))
+    results: dict[int, R] = {}
 
     async def worker() -> None:
         # next() on a shared iterator is safe: the event loop runs one worker at a time.
-        for body in pending:
-            results.append(await _stream_one(client, path, body))
+        for index, item in pending:
+            results[index] = await one(item)
 
     start = time.perf_counter()
     try:
@@ -206,8 +221,7 @@ async def run_load(
         raise LoadError(
             f"{errors[0]} ({len(errors)} failed at concurrency {concurrency})", errors[0].status
         ) from failed
-    wall = time.perf_counter() - start
-    return LoadResult(concurrency=concurrency, wall_s=wall, requests=tuple(results))
+    return time.perf_counter() - start, [results[i] for i in range(len(items))]
 
 
 def check_lengths(where: str, results: Sequence[RequestResult], max_tokens: int) -> None:

@@ -19,15 +19,14 @@ go through the same loop, so the client's own cost is the same for both.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import httpx
 import msgspec
 
-from bench._client import LoadError, describe_error
+from bench._client import LoadError, describe_error, in_workers
 
 __all__ = [
     "APIS",
@@ -286,26 +285,5 @@ async def run_batch(
     client: httpx.AsyncClient, api: Api, bodies: Sequence[Mapping[str, Any]], concurrency: int
 ) -> Batch:
     """Stream every body through ``concurrency`` workers; wall time covers the whole batch."""
-    pending: Iterator[tuple[int, Mapping[str, Any]]] = iter(enumerate(bodies))
-    results: dict[int, ApiRequest] = {}
-
-    async def worker() -> None:
-        # next() on a shared iterator is safe: the event loop runs one worker at a time.
-        for index, one in pending:
-            results[index] = await _stream(client, api, one)
-
-    start = time.perf_counter()
-    try:
-        async with asyncio.TaskGroup() as group:
-            for _ in range(concurrency):
-                group.create_task(worker())
-    except ExceptionGroup as failed:
-        errors = [e for e in failed.exceptions if isinstance(e, LoadError)]
-        if not errors:
-            raise
-        raise LoadError(
-            f"{errors[0]} ({len(errors)} failed at concurrency {concurrency})", errors[0].status
-        ) from failed
-    wall = time.perf_counter() - start
-    ordered = [results[i] for i in range(len(bodies))]
+    wall, ordered = await in_workers(concurrency, bodies, lambda body: _stream(client, api, body))
     return Batch(api=api, concurrency=concurrency, wall_s=wall, requests=ordered)
