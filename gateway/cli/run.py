@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any, TextIO
 
 import typer
@@ -90,6 +93,28 @@ def _parse(name: str, values: list[str]) -> Any:
     raise ValueError(f"unknown parameter {name!r}")
 
 
+@contextlib.contextmanager
+def _interrupts() -> Iterator[threading.Event]:
+    """Ctrl-C while an answer streams, never lost: the handler notes it, then raises
+    KeyboardInterrupt as Python's own does.  The note matters because Python drops an exception
+    raised while a finalizer runs (the garbage collector may run one at any allocation, and the
+    signal's handler runs in whatever code is executing), so the stream checks it at each line."""
+    seen = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield seen  # signals reach the main thread only
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        seen.set()
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+
+
 @dataclass
 class Session:
     """One chat: the model, its options and its messages, in memory."""
@@ -108,8 +133,11 @@ class Session:
         turn = {"role": "user", "content": prompt}
         head = [{"role": "system", "content": self.system}] if self.system else []
         answer: list[str] = []
-        with self.client.chat(self.model, [*head, *self.messages, turn], self.options) as lines:
+        history = [*head, *self.messages, turn]
+        with _interrupts() as stopped, self.client.chat(self.model, history, self.options) as lines:
             for line in lines:
+                if stopped.is_set():
+                    raise KeyboardInterrupt
                 piece = line.get("message", {}).get("content", "")
                 if piece:
                     answer.append(piece)
@@ -119,6 +147,8 @@ class Session:
                     self.out.write("\n")
                     if self.verbose:
                         _stats(line, sys.stderr)
+        if stopped.is_set():  # an interrupt that came with the last line
+            raise KeyboardInterrupt
         self.messages += [turn, {"role": "assistant", "content": "".join(answer)}]
 
     def command(self, text: str, echo: Callable[[str], None]) -> bool:
