@@ -100,15 +100,16 @@ def _interrupts() -> Iterator[threading.Event]:
     raised while a finalizer runs (the garbage collector may run one at any allocation, and the
     signal's handler runs in whatever code is executing), so the stream checks it at each line."""
     seen = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield seen  # signals reach the main thread only
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
+        yield seen  # signals reach the main thread only; an ignored SIGINT stays ignored
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
         seen.set()
         signal.default_int_handler(signum, frame)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGINT, handler)
     try:
         yield seen
     finally:

@@ -108,13 +108,24 @@ def tokens(*messages: str) -> int:
     return 1 + sum(len(m) for m in messages) // 4
 
 
+def _as_in_a_terminal() -> None:
+    """SIGINT handled, as in a terminal's foreground job: a test run started in the background
+    has it ignored, and an ignored signal stays ignored across exec (Python then keeps it so)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Terminal:
     """`airgate run` on a pseudo-terminal: type lines, read what it shows."""
 
     def __init__(self, args: list[str], env: Mapping[str, str]) -> None:
         main, side = pty.openpty()
         self.process = subprocess.Popen(
-            args, stdin=side, stdout=side, stderr=side, env=clean_env(env)
+            args,
+            stdin=side,
+            stdout=side,
+            stderr=side,
+            env=clean_env(env),
+            preexec_fn=_as_in_a_terminal,
         )
         os.close(side)
         self.fd = main

@@ -58,8 +58,18 @@ class _LinesClient:
         yield {"message": {"content": ""}, "done": True}
 
 
+@pytest.fixture
+def sigint() -> Iterator[None]:
+    """SIGINT handled as in a terminal (a test run in the background may have it ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_an_interrupt_dropped_in_a_finalizer_still_stops_the_answer(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, sigint: None
 ) -> None:
     dropped: list[type[BaseException] | None] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
@@ -83,3 +93,14 @@ def test_an_answer_left_alone_joins_the_history() -> None:
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": " a b"},
     ]
+
+
+def test_an_ignored_sigint_stays_ignored() -> None:
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a job run in the background
+    try:
+        session = Session(_LinesClient([" a"]), "m", io.StringIO())  # type: ignore[arg-type]
+        session.ask("hi")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert len(session.messages) == 2
+    finally:
+        signal.signal(signal.SIGINT, before)
