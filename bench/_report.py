@@ -243,6 +243,17 @@ def write_section(path: Path, name: str, body: str) -> None:
     os.replace(tmp, path)
 
 
+def publish(module: str, name: str, body: str, output: Path | None, *, full: bool) -> None:
+    """Print a scenario's section and write it to ``output``; without one, a full run (not a
+    quick or partial one) writes it to BENCHMARKS.md."""
+    print(body)
+    if output is None and full:
+        output = REPO_ROOT / "BENCHMARKS.md"
+    if output is not None:
+        write_section(output, name, body)
+        say(f"{module}: wrote the {name} section of {output}")
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "airgate" / "bench"

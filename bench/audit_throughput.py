@@ -36,13 +36,12 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench._report import (
-    REPO_ROOT,
     Spread,
     collect_environment,
     markdown_table,
+    publish,
     redacted_argv,
     say,
-    write_section,
 )
 from bundles.kms.signer import LocalSigner, Signer
 from gateway.audit import AuditEvent, AuditPrincipal, AuditWriter, new_event_id, verify
@@ -286,13 +285,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.setdefault(kind, []).append(asyncio.run(_one_run(kind, n)))
     command = shlex.join(["python", "-m", "bench.audit_throughput", *redacted_argv(argv)])
     body, passed = render(command, n, results)
-    print(body)
-    output: Path | None = args.output
-    if output is None and not args.quick and args.database is None:
-        output = REPO_ROOT / "BENCHMARKS.md"
-    if output is not None:
-        write_section(output, NAME, body)
-        say(f"bench.audit_throughput: wrote the {NAME} section of {output}")
+    publish(
+        "bench.audit_throughput",
+        NAME,
+        body,
+        args.output,
+        full=not args.quick and args.database is None,
+    )
     return 0 if passed else 1
 
 

@@ -38,13 +38,12 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bench._report import (
-    REPO_ROOT,
     Spread,
     collect_environment,
     markdown_table,
+    publish,
     redacted_argv,
     say,
-    write_section,
 )
 from bench.audit_throughput import _database, sample_event
 from bundles.kms.signer import LocalSigner
@@ -308,13 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.setdefault(design, []).append(asyncio.run(_one_run(design, seconds)))
     command = shlex.join(["python", "-m", "bench.audit_writers", *redacted_argv(argv)])
     body = render(command, seconds, results)
-    print(body)
-    output: Path | None = args.output
-    if output is None and not args.quick:
-        output = REPO_ROOT / "BENCHMARKS.md"
-    if output is not None:
-        write_section(output, NAME, body)
-        say(f"bench.audit_writers: wrote the {NAME} section of {output}")
+    publish("bench.audit_writers", NAME, body, args.output, full=not args.quick)
     return 0
 
 

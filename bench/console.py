@@ -32,12 +32,11 @@ from typing import Any
 from urllib.parse import urlencode
 
 from bench._report import (
-    REPO_ROOT,
     collect_environment,
     markdown_table,
+    publish,
     redacted_argv,
     say,
-    write_section,
 )
 from bench.console_fill import CHAINS, Fill, fill
 from bench.console_plans import Page, explain, pages
@@ -257,13 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command = shlex.join(["python", "-m", "bench.console", *redacted_argv(argv)])
     body = asyncio.run(_run(events, runs, command))
-    print(body)
-    output: Path | None = args.output
-    if output is None and not args.quick:
-        output = REPO_ROOT / "BENCHMARKS.md"
-    if output is not None:
-        write_section(output, NAME, body)
-        say(f"bench.console: wrote the {NAME} section of {output}")
+    publish("bench.console", NAME, body, args.output, full=not args.quick)
     return 0
 
 

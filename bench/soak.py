@@ -51,13 +51,12 @@ from bench import edge
 from bench._check import airgate_args, shown
 from bench._client import BenchError, wait_ready
 from bench._report import (
-    REPO_ROOT,
     cpu_sample,
     default_cache_dir,
     foreign_cpu_share,
+    publish,
     redacted_argv,
     say,
-    write_section,
 )
 from bench._serve import run_served
 from bench.edge_servers import Launch, gateway_launch
@@ -246,13 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench.soak: {exc}", file=sys.stderr)
         return 1
     body, passed = render(args, result)
-    print(body)
-    output: Path | None = args.output
-    if output is None and args.duration >= FULL_MINUTES:
-        output = REPO_ROOT / "BENCHMARKS.md"
-    if output is not None:
-        write_section(output, NAME, body)
-        say(f"bench.soak: wrote the {NAME} section of {output}")
+    publish("bench.soak", NAME, body, args.output, full=args.duration >= FULL_MINUTES)
     if not passed:
         say("bench.soak: a check failed (see the table)")
     return 0 if passed else 1
