@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gateway.cli.run import Session
+from gateway.cli.chat_session import Session
 
 
 def _tick() -> None:
