@@ -17,7 +17,7 @@ import msgspec
 
 from ..errors import ErrorEnvelope
 
-__all__ = ["Operation", "openapi_document"]
+__all__ = ["GENERATION_ERRORS", "Operation", "openapi_document"]
 
 _ERRORS = {
     "400": "Invalid request (or over a policy cap: max_tokens, n)",
@@ -29,6 +29,8 @@ _ERRORS = {
     "address (see Retry-After, x-ratelimit-*)",
     "503": "Not ready, or the audit log or limits are unavailable",
 }
+# what a route that generates or embeds may answer besides 200 (OpenAI's and Ollama's alike)
+GENERATION_ERRORS = ("400", "401", "403", "404", "413", "429", "503")
 _STATUS = {
     "application/json": {"schema": {"type": "object", "properties": {"status": {"type": "string"}}}}
 }

@@ -7,18 +7,17 @@ request that leaves `stream` out is answered line by line.
 from __future__ import annotations
 
 from ..errors import OllamaError
-from ..http.openapi import Operation
+from ..http.openapi import GENERATION_ERRORS, Operation
 from . import types as t
 
 __all__ = ["CHAT", "EMBED", "EMBEDDINGS", "GENERATE", "PS", "SHOW", "TAGS", "VERSION"]
 
-_GENERATE_ERRORS = ("400", "401", "403", "404", "413", "429", "503")
 _NDJSON = "application/x-ndjson"
 
 CHAT = Operation(
     "post",
     "Ollama: chat (NDJSON lines unless stream is false)",
-    _GENERATE_ERRORS,
+    GENERATION_ERRORS,
     request=t.ChatRequest,
     response=t.ChatReply,
     described="The reply, or NDJSON lines (the default)",
@@ -29,7 +28,7 @@ CHAT = Operation(
 GENERATE = Operation(
     "post",
     "Ollama: generate (NDJSON lines unless stream is false)",
-    _GENERATE_ERRORS,
+    GENERATION_ERRORS,
     request=t.GenerateRequest,
     response=t.GenerateReply,
     described="The reply, or NDJSON lines (the default)",
@@ -40,7 +39,7 @@ GENERATE = Operation(
 EMBED = Operation(
     "post",
     "Ollama: embed one input or several",
-    _GENERATE_ERRORS,
+    GENERATION_ERRORS,
     request=t.EmbedRequest,
     response=t.EmbedReply,
     described="One vector per input",
@@ -49,7 +48,7 @@ EMBED = Operation(
 EMBEDDINGS = Operation(
     "post",
     "Ollama: embed one prompt (the older route)",
-    _GENERATE_ERRORS,
+    GENERATION_ERRORS,
     request=t.LegacyEmbeddingsRequest,
     response=t.EmbeddingReply,
     described="The vector",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..http.openapi import Operation
+from ..http.openapi import GENERATION_ERRORS, Operation
 from . import embedding_types as et
 from . import responses_types as r
 from . import types as t
@@ -19,12 +19,11 @@ __all__ = [
     "RETRIEVE_RESPONSE",
 ]
 
-_GENERATE_ERRORS = ("400", "401", "403", "404", "413", "429", "503")
 
 CHAT = Operation(
     "post",
     "Create a chat completion",
-    _GENERATE_ERRORS,
+    GENERATION_ERRORS,
     request=t.ChatCompletionRequest,
     response=t.ChatCompletion,
     described="The result, or an SSE stream when stream=true",
@@ -33,7 +32,7 @@ CHAT = Operation(
 COMPLETIONS = Operation(
     "post",
     "Create a text completion",
-    _GENERATE_ERRORS,
+    GENERATION_ERRORS,
     request=t.CompletionRequest,
     response=t.Completion,
     described="The result, or an SSE stream when stream=true",
@@ -42,7 +41,7 @@ COMPLETIONS = Operation(
 EMBEDDINGS = Operation(
     "post",
     "Create embeddings",
-    _GENERATE_ERRORS,
+    GENERATION_ERRORS,
     request=et.EmbeddingsRequest,
     response=et.EmbeddingList,
     described="One vector per input",
@@ -59,7 +58,7 @@ RETRIEVE_MODEL = Operation(
 CREATE_RESPONSE = Operation(
     "post",
     "Create a model response (stateless: store is always false)",
-    _GENERATE_ERRORS,
+    GENERATION_ERRORS,
     request=r.ResponseCreateRequest,
     response=r.ResponseObject,
     described="The response, or an SSE stream of response events when stream=true",
